@@ -1,0 +1,36 @@
+# The two commands: `make run` and `make test`. Each creates .venv and installs on first use.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: run test install install-all lint bench clean
+
+$(VENV)/.base: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.all: $(VENV)/.base
+	$(PY) -m pip install -q -e '.[test,spark]'
+	touch $@
+
+install: $(VENV)/.base
+install-all: $(VENV)/.all
+
+run: $(VENV)/.base
+	$(VENV)/bin/equeue broker
+
+test: $(VENV)/.all
+	$(PY) -m ruff check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.all
+	$(PY) -m ruff check .
+
+bench: $(VENV)/.all
+	$(PY) -m bench.run_all
+
+clean:
+	rm -rf $(VENV) data build *.egg-info

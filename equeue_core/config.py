@@ -1,0 +1,140 @@
+"""Configuration: embedded defaults < TOML file < EQUEUE_<KEY> environment < explicit overrides.
+
+docs/config.md lists every key. Values are validated here so a bad setting fails at start with
+one clear line, not deep inside a plugin.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from equeue_core.errors import ConfigError
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class Config:
+    host: str = "127.0.0.1"
+    port: int = 10911
+    data_dir: str = "./data"
+    store: str = "file"
+    transport: str = "tcp"
+    flush: str = "async"
+    flush_interval_ms: int = 500
+    max_body_size: int = 4 * MiB
+    max_frame_size: int = 16 * MiB
+    default_queues: int = 4
+    auto_create_topics: bool = True
+    long_poll_ms: int = 15000
+    pull_batch: int = 32
+    pull_max_bytes: int = 4 * MiB
+    offset_persist_ms: int = 5000
+    frame_read_timeout_s: float = 30.0
+    heartbeat_expiry_s: float = 120.0
+    queue_lock_expiry_s: float = 60.0
+    retention_hours: float = 72.0
+    delay_levels: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    max_reconsume_times: int = 16
+    store_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def store_settings_options(self) -> dict[str, Any]:
+        return dict(self.store_options.get(self.store, {}))
+
+
+_FIELDS = {f.name: f for f in fields(Config)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = _FIELDS[name].type
+    try:
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if kind == "int":
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return int(value)
+        if kind == "float":
+            return float(value)
+        if kind == "str":
+            return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"config {name}: {value!r} is not a valid {kind}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"config {name}: expected a table")
+    return value
+
+
+def validate(cfg: Config) -> Config:
+    if cfg.flush not in ("async", "sync"):
+        raise ConfigError(f"config flush: {cfg.flush!r} must be 'async' or 'sync'")
+    if not 0 <= cfg.port <= 65535:
+        raise ConfigError(f"config port: {cfg.port} is not a TCP port")
+    for name in ("flush_interval_ms", "max_body_size", "max_frame_size", "default_queues",
+                 "long_poll_ms", "pull_batch", "offset_persist_ms"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"config {name}: must be positive, got {getattr(cfg, name)}")
+    if cfg.max_body_size >= cfg.max_frame_size:
+        raise ConfigError("config max_body_size must be smaller than max_frame_size")
+    if cfg.default_queues > 1024:
+        raise ConfigError("config default_queues: at most 1024")
+    parse_delay_levels(cfg.delay_levels)
+    return cfg
+
+
+def parse_duration_ms(text: str) -> int:
+    units = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+    t = text.strip()
+    for unit in ("ms", "s", "m", "h", "d"):
+        if t.endswith(unit) and t[: -len(unit)].replace(".", "", 1).isdigit():
+            return int(float(t[: -len(unit)]) * units[unit])
+    raise ConfigError(f"{text!r} is not a duration like 500ms, 10s, 5m, 2h")
+
+
+def parse_delay_levels(text: str) -> list[int]:
+    levels = [parse_duration_ms(x) for x in text.split()]
+    if not levels:
+        raise ConfigError("config delay_levels: at least one level is needed")
+    return levels
+
+
+def load(path: str | None = None, overrides: Mapping[str, Any] | None = None,
+         environ: Mapping[str, str] | None = None) -> Config:
+    """Build the effective config. Unknown keys in the file or EQUEUE_* env are errors."""
+    values: dict[str, Any] = {}
+    if path:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path}: {e}") from None
+        for k, v in data.items():
+            if k not in _FIELDS:
+                raise ConfigError(f"config file {path}: unknown key {k!r}")
+            values[k] = _coerce(k, v)
+    env = os.environ if environ is None else environ
+    for k, v in env.items():
+        if not k.startswith("EQUEUE_"):
+            continue
+        name = k[len("EQUEUE_"):].lower()
+        if name in _FIELDS and name != "store_options":
+            values[name] = _coerce(name, v)
+    for k, v in (overrides or {}).items():
+        if v is None:
+            continue
+        if k not in _FIELDS:
+            raise ConfigError(f"unknown config key {k!r}")
+        values[k] = _coerce(k, v)
+    return validate(Config(**values))

@@ -1,0 +1,156 @@
+"""Typed errors, shared by broker, clients, stores and transports.
+
+Every error the broker can send back has a stable `code` (a short string carried in the error
+frame's header, see docs/protocol.md); the client turns the code back into the same class, so a
+caller catches `TopicNotFoundError` whether it came from this process or over the wire.
+"""
+
+from __future__ import annotations
+
+
+class EQueueError(Exception):
+    """Base of every error this project raises on purpose."""
+
+    code = "error"
+
+    def __init__(self, message: str = "", **details: object) -> None:
+        super().__init__(message or self.__class__.__doc__ or self.code)
+        self.details = details
+
+
+class ConfigError(EQueueError):
+    """Invalid configuration."""
+
+    code = "config"
+
+
+class PluginError(EQueueError):
+    """A plugin is missing, unknown or does not implement its contract."""
+
+    code = "plugin"
+
+
+class ProtocolError(EQueueError):
+    """A frame or header that does not parse."""
+
+    code = "protocol"
+
+
+class FrameTooLargeError(ProtocolError):
+    """A frame larger than the maximum frame size."""
+
+    code = "frame_too_large"
+
+
+class InvalidMessageError(EQueueError):
+    """A message the broker refuses (bad field, too large, bad batch layout)."""
+
+    code = "invalid_message"
+
+
+class MessageTooLargeError(InvalidMessageError):
+    """A message body over the maximum body size."""
+
+    code = "message_too_large"
+
+
+class InvalidTopicError(EQueueError):
+    """A topic name that is not 1-127 chars of [A-Za-z0-9_.%-], or a reserved one."""
+
+    code = "invalid_topic"
+
+
+class TopicNotFoundError(EQueueError):
+    """The topic does not exist (and auto-creation is off, or this was a pull)."""
+
+    code = "topic_not_found"
+
+
+class QueueNotFoundError(EQueueError):
+    """The queue id is not one of the topic's queues."""
+
+    code = "queue_not_found"
+
+
+class OffsetOutOfRangeError(EQueueError):
+    """A queue offset below the queue's minimum (deleted) or above its maximum."""
+
+    code = "offset_out_of_range"
+
+    @property
+    def min_offset(self) -> int:
+        return int(self.details.get("min_offset", 0))  # type: ignore[arg-type]
+
+    @property
+    def max_offset(self) -> int:
+        return int(self.details.get("max_offset", 0))  # type: ignore[arg-type]
+
+
+class MessageNotFoundError(EQueueError):
+    """No message at that id/position."""
+
+    code = "message_not_found"
+
+
+class CorruptRecordError(EQueueError):
+    """A stored record whose length, magic or crc is wrong."""
+
+    code = "corrupt_record"
+
+
+class StoreError(EQueueError):
+    """The store failed (disk full, closed, I/O error)."""
+
+    code = "store"
+
+
+class TransportError(EQueueError):
+    """The connection failed or was lost."""
+
+    code = "transport"
+
+
+class ConnectionLostError(TransportError):
+    """The connection closed while a request was in flight."""
+
+    code = "connection_lost"
+
+
+class RequestTimeoutError(TransportError):
+    """No response within the request timeout."""
+
+    code = "timeout"
+
+
+class UnknownRequestError(ProtocolError):
+    """The broker does not know this request code."""
+
+    code = "unknown_request"
+
+
+class BrokerBusyError(EQueueError):
+    """The broker refused the request under load; retry later."""
+
+    code = "busy"
+
+
+class ClientClosedError(EQueueError):
+    """The client was closed."""
+
+    code = "closed"
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+def error_for_code(code: str) -> type[EQueueError]:
+    """The error class for a wire error code (EQueueError if unknown)."""
+    for cls in _all_subclasses(EQueueError):
+        if cls.code == code:
+            return cls
+    return EQueueError

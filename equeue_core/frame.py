@@ -1,0 +1,133 @@
+"""The wire frame: one format for every transport (docs/protocol.md is the reference).
+
+    off  size  field
+    0    4     length      u32  bytes after this field (22 - 4 + header_len + body_len)
+    4    1     magic       u8   0xEB
+    5    1     version     u8   1
+    6    2     code        u16  request code (equeue_core.codes)
+    8    1     flags       u8   1 response, 2 one-way, 4 error, 8 push
+    9    1     reserved    u8   0
+    10   8     request_id  u64  chosen by the requester, echoed in the response
+    18   4     header_len  u32
+    22   ...   header      msgpack map with str keys (may be empty: header_len 0)
+    ...  ...   body        opaque bytes (message batches use the record layout of record.py)
+
+A transport only has to move whole frames: it reads the 4-byte length, refuses a length over the
+maximum frame size, reads the rest, and hands the bytes to `decode`. Everything above the
+transport works with Frame objects.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from equeue_core.errors import FrameTooLargeError, ProtocolError
+
+MAGIC = 0xEB
+VERSION = 1
+HEAD = struct.Struct("<IBBHBBQI")
+HEAD_SIZE = HEAD.size  # 22
+LENGTH = struct.Struct("<I")
+LENGTH_SIZE = 4
+DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+
+FLAG_RESPONSE = 1
+FLAG_ONEWAY = 2
+FLAG_ERROR = 4
+FLAG_PUSH = 8
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(dict[str, Any])
+
+
+@dataclass(slots=True)
+class Frame:
+    code: int
+    request_id: int = 0
+    flags: int = 0
+    header: dict[str, Any] = field(default_factory=dict)
+    body: bytes | bytearray | memoryview = b""
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flags & FLAG_RESPONSE)
+
+    @property
+    def is_oneway(self) -> bool:
+        return bool(self.flags & FLAG_ONEWAY)
+
+    @property
+    def is_error(self) -> bool:
+        return bool(self.flags & FLAG_ERROR)
+
+    @property
+    def is_push(self) -> bool:
+        return bool(self.flags & FLAG_PUSH)
+
+    def response(self, header: dict[str, Any] | None = None,
+                 body: bytes | bytearray | memoryview = b"") -> "Frame":
+        """The response frame to this request."""
+        return Frame(self.code, self.request_id, FLAG_RESPONSE, header or {}, body)
+
+    def error_response(self, code: str, message: str, **details: Any) -> "Frame":
+        header = {"error": code, "message": message}
+        if details:
+            header["details"] = details
+        return Frame(self.code, self.request_id, FLAG_RESPONSE | FLAG_ERROR, header, b"")
+
+
+def encode(frame: Frame, max_frame: int = DEFAULT_MAX_FRAME) -> list[bytes | bytearray | memoryview]:
+    """The frame as buffers to write in order (head+header, then body, uncopied)."""
+    header_b = _encoder.encode(frame.header) if frame.header else b""
+    length = HEAD_SIZE - LENGTH_SIZE + len(header_b) + len(frame.body)
+    if length + LENGTH_SIZE > max_frame:
+        raise FrameTooLargeError(
+            f"frame of {length + LENGTH_SIZE} bytes is over the maximum of {max_frame}",
+            size=length + LENGTH_SIZE, max=max_frame)
+    head = HEAD.pack(length, MAGIC, VERSION, frame.code, frame.flags, 0,
+                     frame.request_id, len(header_b))
+    if frame.body:
+        return [head + header_b, frame.body]
+    return [head + header_b]
+
+
+def encode_bytes(frame: Frame, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
+    return b"".join(encode(frame, max_frame))
+
+
+def frame_length(prefix: bytes | bytearray | memoryview, max_frame: int = DEFAULT_MAX_FRAME) -> int:
+    """Bytes that follow the 4-byte length prefix; raises on a length no frame can have."""
+    (length,) = LENGTH.unpack_from(prefix, 0)
+    if length + LENGTH_SIZE > max_frame:
+        raise FrameTooLargeError(
+            f"frame of {length + LENGTH_SIZE} bytes is over the maximum of {max_frame}",
+            size=length + LENGTH_SIZE, max=max_frame)
+    if length < HEAD_SIZE - LENGTH_SIZE:
+        raise ProtocolError(f"frame length {length} is shorter than the frame head")
+    return length
+
+
+def decode(buf: bytes | bytearray | memoryview) -> Frame:
+    """Parse one whole frame (length prefix included). Raises ProtocolError on anything malformed."""
+    mv = memoryview(buf)
+    if len(mv) < HEAD_SIZE:
+        raise ProtocolError(f"frame of {len(mv)} bytes is shorter than the {HEAD_SIZE}-byte head")
+    length, magic, version, code, flags, _r, request_id, header_len = HEAD.unpack_from(mv, 0)
+    if magic != MAGIC or version != VERSION:
+        raise ProtocolError(f"bad frame magic/version {magic:#x}/{version}")
+    if length + LENGTH_SIZE != len(mv):
+        raise ProtocolError(f"frame length field {length} does not match {len(mv) - LENGTH_SIZE} bytes")
+    if HEAD_SIZE + header_len > len(mv):
+        raise ProtocolError(f"header length {header_len} runs past the frame")
+    header: dict[str, Any] = {}
+    if header_len:
+        try:
+            header = _decoder.decode(mv[HEAD_SIZE:HEAD_SIZE + header_len])
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise ProtocolError(f"frame header does not decode: {e}") from None
+    body = mv[HEAD_SIZE + header_len:]
+    return Frame(code, request_id, flags, header, body)

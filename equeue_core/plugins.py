@@ -1,0 +1,120 @@
+"""The plugin manager: loads the `equeue` entry points and picks implementations by name."""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from typing import Any
+
+import pluggy
+
+from equeue_core import hookspecs
+from equeue_core.errors import PluginError
+
+# hook name -> (what config calls it, contract object must satisfy or None)
+HOOKS = {
+    "equeue_message_stores": "message store",
+    "equeue_queue_indexes": "queue index",
+    "equeue_offset_stores": "offset store",
+    "equeue_store_readers": "store reader",
+    "equeue_transports": "transport",
+    "equeue_allocation_strategies": "allocation strategy",
+    "equeue_queue_selectors": "queue selector",
+}
+
+
+class PluginManager:
+    """Wraps pluggy: every hook's mappings merged into one registry per hook, duplicates refused.
+
+    Set EQUEUE_NO_ENTRY_POINTS=1 to load nothing automatically (tests register by hand);
+    EQUEUE_TRACE_PLUGINS=1 prints every hook call.
+    """
+
+    def __init__(self, load_entry_points: bool | None = None) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        if load_entry_points is None:
+            load_entry_points = not os.environ.get("EQUEUE_NO_ENTRY_POINTS")
+        if load_entry_points:
+            self.pm.load_setuptools_entrypoints(hookspecs.PROJECT)
+        self.pm.check_pending()
+        if os.environ.get("EQUEUE_TRACE_PLUGINS"):
+            self.pm.trace.root.setwriter(print)
+            self.pm.enable_tracing()
+
+    def register(self, plugin: object, name: str | None = None) -> None:
+        self.pm.register(plugin, name)
+        self.pm.check_pending()
+        self.__dict__.pop("_registry", None)
+
+    @cached_property
+    def _registry(self) -> dict[str, dict[str, tuple[Any, str]]]:
+        registry: dict[str, dict[str, tuple[Any, str]]] = {}
+        for hook_name in HOOKS:
+            entries: dict[str, tuple[Any, str]] = {}
+            hook = getattr(self.pm.hook, hook_name)
+            for impl in hook.get_hookimpls():
+                result = impl.function()
+                if not result:
+                    continue
+                if not isinstance(result, dict):
+                    raise PluginError(f"{impl.plugin_name}.{hook_name} must return a dict of name -> implementation")
+                for name, obj in result.items():
+                    if name in entries:
+                        raise PluginError(
+                            f"{HOOKS[hook_name]} {name!r} is provided twice: by {entries[name][1]} and {impl.plugin_name}")
+                    entries[name] = (obj, self._origin(impl.plugin))
+            registry[hook_name] = entries
+        return registry
+
+    @staticmethod
+    def _origin(plugin: object) -> str:
+        return getattr(plugin, "__name__", None) or type(plugin).__name__
+
+    def names(self, hook_name: str) -> list[str]:
+        return sorted(self._registry[hook_name])
+
+    def get(self, hook_name: str, name: str) -> Any:
+        """The implementation called `name`; an unknown name lists what is installed."""
+        entries = self._registry[hook_name]
+        if name not in entries:
+            installed = ", ".join(sorted(entries)) or "none"
+            raise PluginError(f"unknown {HOOKS[hook_name]} {name!r}; installed: {installed}")
+        return entries[name][0]
+
+    def describe(self) -> dict[str, list[tuple[str, str]]]:
+        """Installed plugins per hook: {hook description: [(name, module it comes from)]}."""
+        return {HOOKS[h]: sorted((n, o) for n, (_, o) in e.items()) for h, e in self._registry.items()}
+
+    # Convenience accessors used by the broker and clients.
+    def message_store(self, name: str):
+        return self.get("equeue_message_stores", name)
+
+    def queue_index(self, name: str):
+        return self.get("equeue_queue_indexes", name)
+
+    def offset_store(self, name: str):
+        return self.get("equeue_offset_stores", name)
+
+    def store_reader(self, name: str):
+        return self.get("equeue_store_readers", name)
+
+    def transport(self, name: str):
+        return self.get("equeue_transports", name)
+
+    def allocation_strategy(self, name: str):
+        return self.get("equeue_allocation_strategies", name)
+
+    def queue_selector(self, name: str):
+        return self.get("equeue_queue_selectors", name)
+
+
+_default: PluginManager | None = None
+
+
+def get_plugin_manager() -> PluginManager:
+    """The process-wide plugin manager (entry points loaded once)."""
+    global _default
+    if _default is None:
+        _default = PluginManager()
+    return _default

@@ -1,0 +1,264 @@
+"""The stored record: one message as it sits in a store, byte for byte.
+
+The same layout travels on the wire (a producer's batch body is a run of records with the
+store-assigned fields zeroed), sits in the commit log, and comes back in pull responses, so a
+message is laid out once and copied, never re-encoded. docs/format.md is the reference for these
+bytes; this module is its code. All integers are little-endian.
+
+    off  size  field
+    0    4     size          u32  total bytes of the record, this field included
+    4    1     magic         u8   0xE7
+    5    1     version       u8   1
+    6    2     flags         u16  reserved, 0
+    8    4     crc           u32  crc32c (Castagnoli) of bytes [12, size)
+    12   8     position      u64  store position (commit-log byte offset for the file store)
+    20   8     queue_offset  u64  offset within (topic, queue_id)
+    28   4     queue_id      u32
+    32   4     reconsume     u32  times this message was sent back for retry
+    36   8     born_ts       i64  producer clock, ms since the epoch
+    44   8     store_ts      i64  broker clock when stored, ms since the epoch
+    52   8     tag_hash      u64  tag_hash(tag); 0 when there is no tag
+    60   2     topic_len     u16
+    62   2     tag_len       u16
+    64   4     keys_len      u32
+    68   4     props_len     u32
+    72   4     body_len      u32
+    76   ...   topic, tag, keys (UTF-8, joined by 0x1F), properties (msgpack map str->str), body
+
+The crc is computed by the store when it stamps position, queue offset and store time, so it covers
+every byte a reader will trust. A record whose size field, magic, length fields or crc disagree is
+torn or corrupt and is never served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import google_crc32c
+import msgspec
+
+from equeue_core.errors import CorruptRecordError, InvalidMessageError
+
+MAGIC = 0xE7
+VERSION = 1
+HEADER = struct.Struct("<IBBHIQQIIqqQHHIII")
+HEADER_SIZE = HEADER.size  # 76
+KEY_SEPARATOR = "\x1f"
+
+# Field offsets, for pack_into/unpack_from on a record that starts at `start`.
+OFF_SIZE = 0
+OFF_CRC = 8
+OFF_POSITION = 12
+OFF_QUEUE_OFFSET = 20
+OFF_QUEUE_ID = 28
+OFF_RECONSUME = 32
+OFF_BORN_TS = 36
+OFF_STORE_TS = 44
+OFF_TAG_HASH = 52
+CRC_FROM = 12
+
+# One queue-index entry: position u64, record size u32, tag hash u64 (20 bytes). Queue offset n
+# of a queue is entry n, so offset -> entry is arithmetic.
+INDEX_ENTRY = struct.Struct("<QIQ")
+INDEX_ENTRY_SIZE = INDEX_ENTRY.size  # 20
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_STAMP = struct.Struct("<QQI")  # position, queue_offset, queue_id at OFF_POSITION
+_TS = struct.Struct("<q")
+_LENS = struct.Struct("<HHIII")  # at offset 60
+
+_props_encoder = msgspec.msgpack.Encoder()
+_props_decoder = msgspec.msgpack.Decoder(dict[str, str])
+
+crc32c = google_crc32c.value
+
+
+def tag_hash(tag: str | None) -> int:
+    """64-bit hash of a tag; 0 means "no tag". Stable across processes and versions."""
+    if not tag:
+        return 0
+    h = int.from_bytes(hashlib.blake2b(tag.encode(), digest_size=8).digest(), "little")
+    return h or 1
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def encode_record(
+    topic: str,
+    body: bytes,
+    tag: str | None = None,
+    keys: Sequence[str] = (),
+    properties: dict[str, str] | None = None,
+    queue_id: int = 0,
+    born_ts: int | None = None,
+    reconsume: int = 0,
+) -> bytes:
+    """Lay out one record with the store-assigned fields (crc, position, queue offset, store time) zero."""
+    topic_b = topic.encode()
+    tag_b = tag.encode() if tag else b""
+    if any(KEY_SEPARATOR in k for k in keys):
+        raise InvalidMessageError("a key may not contain the 0x1F separator")
+    keys_b = KEY_SEPARATOR.join(keys).encode() if keys else b""
+    props_b = _props_encoder.encode(properties) if properties else b""
+    if not isinstance(body, (bytes, bytearray, memoryview)):
+        raise InvalidMessageError(f"body must be bytes, not {type(body).__name__}")
+    size = HEADER_SIZE + len(topic_b) + len(tag_b) + len(keys_b) + len(props_b) + len(body)
+    head = HEADER.pack(
+        size, MAGIC, VERSION, 0, 0, 0, 0, queue_id, reconsume,
+        now_ms() if born_ts is None else born_ts, 0, tag_hash(tag),
+        len(topic_b), len(tag_b), len(keys_b), len(props_b), len(body),
+    )
+    return b"".join((head, topic_b, tag_b, keys_b, props_b, body))
+
+
+def scan(buf: bytes | bytearray | memoryview, start: int = 0, end: int | None = None) -> list[int]:
+    """Return the start of every record in buf[start:end], checking sizes, magic and lengths.
+
+    The crc is not checked (producer batches carry none yet); raises CorruptRecordError on a
+    record that does not parse, so a malformed batch is refused whole.
+    """
+    end = len(buf) if end is None else end
+    starts: list[int] = []
+    pos = start
+    unpack_size = _U32.unpack_from
+    unpack_lens = _LENS.unpack_from
+    while pos < end:
+        if end - pos < HEADER_SIZE:
+            raise CorruptRecordError(f"truncated record header at {pos}")
+        (size,) = unpack_size(buf, pos)
+        if buf[pos + 4] != MAGIC or buf[pos + 5] != VERSION:
+            raise CorruptRecordError(f"bad magic/version at {pos}")
+        if size < HEADER_SIZE or pos + size > end:
+            raise CorruptRecordError(f"bad record size {size} at {pos}")
+        if HEADER_SIZE + sum(unpack_lens(buf, pos + 60)) != size:
+            raise CorruptRecordError(f"record lengths do not add up at {pos}")
+        starts.append(pos)
+        pos += size
+    return starts
+
+
+def seal(buf: bytearray | memoryview, start: int, size: int) -> None:
+    """Compute and write the crc of the record at start (after stamping)."""
+    _U32.pack_into(buf, start + OFF_CRC, crc32c(memoryview(buf).toreadonly()[start + CRC_FROM:start + size]))
+
+
+def stamp_batch(
+    buf: bytearray,
+    starts: Sequence[int],
+    positions: Sequence[int],
+    first_queue_offset: int,
+    queue_id: int,
+    store_ts: int,
+) -> None:
+    """Stamp position, queue offset, queue id and store time into each record, then seal it.
+
+    Stores call this under their single writer, after choosing positions and queue offsets.
+    """
+    mv = memoryview(buf).toreadonly()
+    pack_stamp = _STAMP.pack_into
+    pack_ts = _TS.pack_into
+    unpack_size = _U32.unpack_from
+    pack_u32 = _U32.pack_into
+    qoff = first_queue_offset
+    for s, p in zip(starts, positions):
+        pack_stamp(buf, s + OFF_POSITION, p, qoff, queue_id)
+        pack_ts(buf, s + OFF_STORE_TS, store_ts)
+        (size,) = unpack_size(buf, s)
+        pack_u32(buf, s + OFF_CRC, crc32c(mv[s + CRC_FROM:s + size]))
+        qoff += 1
+
+
+def index_entries(batch: bytes | bytearray | memoryview, starts: Sequence[int],
+                  positions: Sequence[int]) -> bytearray:
+    """Packed INDEX_ENTRY entries for a stamped batch, built in one go."""
+    out = bytearray(INDEX_ENTRY_SIZE * len(starts))
+    pack = INDEX_ENTRY.pack_into
+    unpack_size = _U32.unpack_from
+    unpack_hash = _U64.unpack_from
+    o = 0
+    for s, p in zip(starts, positions):
+        pack(out, o, p, unpack_size(batch, s)[0], unpack_hash(batch, s + OFF_TAG_HASH)[0])
+        o += INDEX_ENTRY_SIZE
+    return out
+
+
+def verify(buf: bytes | bytearray | memoryview, start: int = 0, limit: int | None = None) -> int:
+    """Return the size of the intact record at start, or raise CorruptRecordError.
+
+    Checks that the header fits, the size is sane and fits before `limit`, magic/version, the
+    length fields, and the crc: exactly the checks a reader needs before trusting a record.
+    """
+    limit = len(buf) if limit is None else limit
+    if limit - start < HEADER_SIZE:
+        raise CorruptRecordError(f"truncated header at {start}")
+    (size,) = _U32.unpack_from(buf, start)
+    if size < HEADER_SIZE or start + size > limit:
+        raise CorruptRecordError(f"bad size {size} at {start}")
+    if buf[start + 4] != MAGIC or buf[start + 5] != VERSION:
+        raise CorruptRecordError(f"bad magic/version at {start}")
+    if HEADER_SIZE + sum(_LENS.unpack_from(buf, start + 60)) != size:
+        raise CorruptRecordError(f"record lengths do not add up at {start}")
+    (crc,) = _U32.unpack_from(buf, start + OFF_CRC)
+    if crc32c(memoryview(buf).toreadonly()[start + CRC_FROM:start + size]) != crc:
+        raise CorruptRecordError(f"crc mismatch at {start}")
+    return size
+
+
+def record_size(buf: bytes | bytearray | memoryview, start: int = 0) -> int:
+    return _U32.unpack_from(buf, start)[0]
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    """A decoded record, as handed to consumers and tools."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    position: int
+    tag: str | None
+    keys: tuple[str, ...]
+    properties: dict[str, str]
+    body: bytes
+    born_ts: int
+    store_ts: int
+    reconsume_times: int = 0
+    tag_hash: int = 0
+    msg_id: str = field(default="")
+
+
+def decode(buf: bytes | bytearray | memoryview, start: int = 0) -> StoredMessage:
+    """Decode the record at start into a StoredMessage (no crc check: see verify)."""
+    (size, _m, _v, _f, _crc, position, qoff, qid, reconsume, born, stored, th,
+     tlen, taglen, klen, plen, blen) = HEADER.unpack_from(buf, start)
+    p = start + HEADER_SIZE
+    mv = memoryview(buf)
+    topic = str(mv[p:p + tlen], "utf-8")
+    p += tlen
+    tag = str(mv[p:p + taglen], "utf-8") if taglen else None
+    p += taglen
+    keys = tuple(str(mv[p:p + klen], "utf-8").split(KEY_SEPARATOR)) if klen else ()
+    p += klen
+    props = _props_decoder.decode(mv[p:p + plen]) if plen else {}
+    p += plen
+    body = bytes(mv[p:p + blen])
+    return StoredMessage(topic, qid, qoff, position, tag, keys, props, body, born, stored,
+                         reconsume, th)
+
+
+def iter_records(buf: bytes | bytearray | memoryview) -> Iterator[StoredMessage]:
+    """Decode every record of a run of records (e.g. a pull response body)."""
+    for s in scan(buf):
+        yield decode(buf, s)
+
+
+def header_fields(buf: bytes | bytearray | memoryview, start: int = 0) -> tuple:
+    """The fixed header of the record at start, unpacked (see HEADER for the order)."""
+    return HEADER.unpack_from(buf, start)

@@ -1,0 +1,1 @@
+"""Placeholder until the plugin lands: registers nothing."""
