@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-import google_crc32c
+import crc32c as _crc32c
 import msgspec
 
 from equeue_core.errors import CorruptRecordError, InvalidMessageError
@@ -75,7 +75,7 @@ _LENS = struct.Struct("<HHIII")  # at offset 60
 _props_encoder = msgspec.msgpack.Encoder()
 _props_decoder = msgspec.msgpack.Decoder(dict[str, str])
 
-crc32c = google_crc32c.value
+crc32c = _crc32c.crc32c
 
 
 def tag_hash(tag: str | None) -> int:
@@ -146,7 +146,7 @@ def scan(buf: bytes | bytearray | memoryview, start: int = 0, end: int | None = 
 
 def seal(buf: bytearray | memoryview, start: int, size: int) -> None:
     """Compute and write the crc of the record at start (after stamping)."""
-    _U32.pack_into(buf, start + OFF_CRC, crc32c(memoryview(buf).toreadonly()[start + CRC_FROM:start + size]))
+    _U32.pack_into(buf, start + OFF_CRC, crc32c(memoryview(buf)[start + CRC_FROM:start + size]))
 
 
 def stamp_batch(
@@ -161,7 +161,7 @@ def stamp_batch(
 
     Stores call this under their single writer, after choosing positions and queue offsets.
     """
-    mv = memoryview(buf).toreadonly()
+    mv = memoryview(buf)
     pack_stamp = _STAMP.pack_into
     pack_ts = _TS.pack_into
     unpack_size = _U32.unpack_from
@@ -206,7 +206,7 @@ def verify(buf: bytes | bytearray | memoryview, start: int = 0, limit: int | Non
     if HEADER_SIZE + sum(_LENS.unpack_from(buf, start + 60)) != size:
         raise CorruptRecordError(f"record lengths do not add up at {start}")
     (crc,) = _U32.unpack_from(buf, start + OFF_CRC)
-    if crc32c(memoryview(buf).toreadonly()[start + CRC_FROM:start + size]) != crc:
+    if crc32c(memoryview(buf)[start + CRC_FROM:start + size]) != crc:
         raise CorruptRecordError(f"crc mismatch at {start}")
     return size
 
