@@ -7,8 +7,9 @@ tests/conformance/ are the executable version, and every built-in plugin passes 
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from equeue_core.frame import Frame
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from equeue_core import msgid
 from equeue_core.record import HEADER, HEADER_SIZE, KEY_SEPARATOR, _props_decoder

@@ -14,7 +14,7 @@ import heapq
 import itertools
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 

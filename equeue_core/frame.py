@@ -69,11 +69,11 @@ class Frame:
         return bool(self.flags & FLAG_PUSH)
 
     def response(self, header: dict[str, Any] | None = None,
-                 body: bytes | bytearray | memoryview = b"") -> "Frame":
+                 body: bytes | bytearray | memoryview = b"") -> Frame:
         """The response frame to this request."""
         return Frame(self.code, self.request_id, FLAG_RESPONSE, header or {}, body)
 
-    def error_response(self, code: str, message: str, **details: Any) -> "Frame":
+    def error_response(self, code: str, message: str, **details: Any) -> Frame:
         header = {"error": code, "message": message}
         if details:
             header["details"] = details

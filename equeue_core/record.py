@@ -35,13 +35,13 @@ from __future__ import annotations
 import hashlib
 import struct
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import crc32c as _crc32c
 import msgspec
 
-from equeue_core.errors import CorruptRecordError, InvalidMessageError
+from equeue_core.errors import CorruptRecordError, InvalidMessageError, MessageTooLargeError
 
 MAGIC = 0xE7
 VERSION = 1
@@ -118,11 +118,14 @@ def encode_record(
     return b"".join((head, topic_b, tag_b, keys_b, props_b, body))
 
 
-def scan(buf: bytes | bytearray | memoryview, start: int = 0, end: int | None = None) -> list[int]:
+def scan(buf: bytes | bytearray | memoryview, start: int = 0, end: int | None = None,
+         topic: bytes | None = None, max_body: int | None = None) -> list[int]:
     """Return the start of every record in buf[start:end], checking sizes, magic and lengths.
 
     The crc is not checked (producer batches carry none yet); raises CorruptRecordError on a
-    record that does not parse, so a malformed batch is refused whole.
+    record that does not parse, so a malformed batch is refused whole. With `topic`, every record
+    must name that topic (InvalidMessageError); with `max_body`, no body may be larger
+    (MessageTooLargeError): the checks the broker makes before it stores a producer's batch.
     """
     end = len(buf) if end is None else end
     starts: list[int] = []
@@ -137,8 +140,14 @@ def scan(buf: bytes | bytearray | memoryview, start: int = 0, end: int | None = 
             raise CorruptRecordError(f"bad magic/version at {pos}")
         if size < HEADER_SIZE or pos + size > end:
             raise CorruptRecordError(f"bad record size {size} at {pos}")
-        if HEADER_SIZE + sum(unpack_lens(buf, pos + 60)) != size:
+        lens = unpack_lens(buf, pos + 60)
+        if HEADER_SIZE + sum(lens) != size:
             raise CorruptRecordError(f"record lengths do not add up at {pos}")
+        if max_body is not None and lens[4] > max_body:
+            raise MessageTooLargeError(f"message body of {lens[4]} bytes is over the maximum of {max_body}",
+                                       size=lens[4], max=max_body)
+        if topic is not None and buf[pos + HEADER_SIZE:pos + HEADER_SIZE + lens[0]] != topic:
+            raise InvalidMessageError("a record in the batch names another topic than the request")
         starts.append(pos)
         pos += size
     return starts
@@ -167,7 +176,7 @@ def stamp_batch(
     unpack_size = _U32.unpack_from
     pack_u32 = _U32.pack_into
     qoff = first_queue_offset
-    for s, p in zip(starts, positions):
+    for s, p in zip(starts, positions, strict=True):
         pack_stamp(buf, s + OFF_POSITION, p, qoff, queue_id)
         pack_ts(buf, s + OFF_STORE_TS, store_ts)
         (size,) = unpack_size(buf, s)
@@ -183,7 +192,7 @@ def index_entries(batch: bytes | bytearray | memoryview, starts: Sequence[int],
     unpack_size = _U32.unpack_from
     unpack_hash = _U64.unpack_from
     o = 0
-    for s, p in zip(starts, positions):
+    for s, p in zip(starts, positions, strict=True):
         pack(out, o, p, unpack_size(batch, s)[0], unpack_hash(batch, s + OFF_TAG_HASH)[0])
         o += INDEX_ENTRY_SIZE
     return out

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def _sorted(consumer_id: Any, queues: Sequence[Any], consumer_ids: Sequence[Any]) -> tuple[list, list]:

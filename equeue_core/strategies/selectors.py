@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 import zlib
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class RoundRobin:

@@ -1,0 +1,337 @@
+"""The broker: wires config to plugins and serves requests over the chosen transport.
+
+It owns no storage and no sockets: the message store, queue index, offset store and transport
+all come from plugins picked by name. Everything runs on one asyncio loop; the store's single
+writer is that loop's thread, and fsyncs happen on the store's flusher thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from equeue_core import frame as framing
+from equeue_core import msgid, record
+from equeue_core.broker.groups import GroupRegistry
+from equeue_core.broker.long_poll import PullHold
+from equeue_core.broker.schedule import Scheduler
+from equeue_core.broker.topics import DLQ_PREFIX, RETRY_PREFIX, TopicRegistry
+from equeue_core.codes import Code, PullStatus
+from equeue_core.config import Config, parse_delay_levels
+from equeue_core.contracts import ServerConnection, StoreSettings, TransportSettings
+from equeue_core.errors import (
+    EQueueError,
+    InvalidMessageError,
+    OffsetOutOfRangeError,
+    ProtocolError,
+    UnknownRequestError,
+)
+from equeue_core.export import BROKER_INFO
+from equeue_core.frame import Frame
+from equeue_core.plugins import PluginManager, get_plugin_manager
+
+log = logging.getLogger("equeue.broker")
+
+Handler = Callable[[ServerConnection, Frame], Awaitable[Frame | None]]
+
+
+def _int(header: dict, key: str, default: Any = ...) -> int:
+    v = header.get(key, default)
+    if v is ... or not isinstance(v, int) or isinstance(v, bool):
+        raise ProtocolError(f"header field {key!r} must be an integer")
+    return v
+
+
+def _str(header: dict, key: str) -> str:
+    v = header.get(key)
+    if not isinstance(v, str):
+        raise ProtocolError(f"header field {key!r} must be a string")
+    return v
+
+
+class Broker:
+    def __init__(self, config: Config, plugins: PluginManager | None = None) -> None:
+        self.config = config
+        self.plugins = plugins or get_plugin_manager()
+        self.hold = PullHold()
+        self._server = None
+        self._tasks: list[asyncio.Task] = []
+        self._handlers: dict[int, Handler] = {}
+        self.address: tuple[str, int] = (config.host, config.port)
+        self.id_prefix = ""
+        self.started = asyncio.Event()
+        self.stats = {"received": 0, "pulled": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        cfg = self.config
+        os.makedirs(cfg.data_dir, exist_ok=True)
+        settings = StoreSettings(data_dir=cfg.data_dir, flush=cfg.flush,
+                                 flush_interval_ms=cfg.flush_interval_ms,
+                                 options=cfg.store_settings_options())
+        index = self.plugins.queue_index(cfg.store)(settings)
+        self.store = self.plugins.message_store(cfg.store)(settings, index)
+        self.recovery = self.store.open()
+        self.offsets = self.plugins.offset_store(cfg.store)(settings)
+        self.topics = TopicRegistry(self.offsets, cfg.default_queues, cfg.auto_create_topics)
+        for topic, queues in self.store.queues().items():  # topics written before metadata was
+            if topic not in self.topics.topics:
+                self.topics.topics[topic] = max(queues) + 1
+        self.groups = GroupRegistry(self, cfg.heartbeat_expiry_s, cfg.queue_lock_expiry_s)
+        self.delay_levels = parse_delay_levels(cfg.delay_levels)
+        self.scheduler = Scheduler(self)
+        transport = self.plugins.transport(cfg.transport)
+        tsettings = TransportSettings(max_frame_size=cfg.max_frame_size,
+                                      frame_read_timeout=cfg.frame_read_timeout_s)
+        self._register_handlers()
+        self._server = await transport.serve(cfg.host, cfg.port, self, tsettings)
+        self.address = tuple(self._server.address)[:2]  # type: ignore[assignment]
+        self.id_prefix = msgid.encode_prefix(*self.address)
+        self._write_info()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._persist_offsets_forever()))
+        self._tasks.append(loop.create_task(self.groups.expire_forever()))
+        self._tasks.append(loop.create_task(self.scheduler.run_forever()))
+        self.started.set()
+
+    def _write_info(self) -> None:
+        info = {"host": self.address[0], "port": self.address[1], "store": self.config.store,
+                "transport": self.config.transport, "pid": os.getpid(), "started": int(time.time())}
+        path = os.path.join(self.config.data_dir, BROKER_INFO)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(info, f)
+        os.replace(tmp, path)
+
+    async def _persist_offsets_forever(self) -> None:
+        interval = self.config.offset_persist_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.offsets.persist()
+            except Exception:
+                log.exception("persisting offsets failed")
+
+    async def stop(self) -> None:
+        """Stop serving, answer held pulls, persist offsets, flush and close the store."""
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.hold.wake_all()
+        if self._server is not None:
+            await self._server.close()
+        self.offsets.persist()
+        self.offsets.close()
+        self.store.close()
+
+    # ------------------------------------------------------------------ transport callbacks
+
+    async def handle(self, conn: ServerConnection, frame: Frame) -> Frame | None:
+        handler = self._handlers.get(frame.code)
+        try:
+            if handler is None:
+                raise UnknownRequestError(f"unknown request code {frame.code}")
+            if not isinstance(frame.header, dict):
+                raise ProtocolError("frame header must be a map")
+            return await handler(conn, frame)
+        except EQueueError as e:
+            if frame.is_oneway:
+                return None
+            return frame.error_response(e.code, str(e), **{k: v for k, v in e.details.items()
+                                                          if isinstance(v, (int, str, float))})
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug answers one request, it never takes the broker down
+            log.exception("request %s failed", frame.code)
+            if frame.is_oneway:
+                return None
+            return frame.error_response("internal", f"{type(e).__name__}: {e}")
+
+    def connection_lost(self, conn: ServerConnection) -> None:
+        self.groups.connection_lost(conn)
+
+    def _register_handlers(self) -> None:
+        self._handlers = {
+            Code.SEND: self.on_send,
+            Code.ROUTE: self.on_route,
+            Code.PULL: self.on_pull,
+            Code.COMMIT_OFFSETS: self.on_commit_offsets,
+            Code.QUERY_OFFSET: self.on_query_offset,
+            Code.CREATE_TOPIC: self.on_create_topic,
+            Code.LIST_TOPICS: self.on_list_topics,
+            Code.DELETE_TOPIC: self.on_delete_topic,
+            Code.GET_MESSAGE: self.on_get_message,
+            Code.QUEUE_RANGES: self.on_queue_ranges,
+            Code.OFFSET_FOR_TIME: self.on_offset_for_time,
+            Code.BROKER_INFO: self.on_broker_info,
+        }
+        self._handlers.update(self.groups.handlers())
+        self._handlers.update(self.scheduler.handlers())
+
+    # ------------------------------------------------------------------ storing
+
+    def append(self, topic: str, queue_id: int, batch: bytearray, starts: list[int]):
+        """Store a validated batch and wake pulls held on its queue. Synchronous: arrival order
+        of send requests is store order."""
+        result = self.store.append(topic, queue_id, batch, starts)
+        self.stats["received"] += len(starts)
+        self.hold.notify(topic, queue_id)
+        return result
+
+    async def durable(self, result) -> None:
+        if self.config.flush == "sync":
+            await asyncio.wrap_future(self.store.wait_flushed(result.end_position))
+
+    async def on_send(self, conn: ServerConnection, frame: Frame) -> Frame | None:
+        h = frame.header
+        topic = _str(h, "topic")
+        queue_id = _int(h, "queue_id")
+        self.topics.queues(topic, create=True)
+        self.topics.check_queue(topic, queue_id)
+        if not frame.body:
+            raise InvalidMessageError("a send carries at least one message")
+        batch = bytearray(frame.body)
+        starts = record.scan(batch, topic=topic.encode(), max_body=self.config.max_body_size)
+        delayed = self.scheduler.due_time(h)
+        if delayed is not None:
+            result = self.scheduler.schedule_batch(topic, queue_id, batch, starts, *delayed)
+        else:
+            result = self.append(topic, queue_id, batch, starts)
+        await self.durable(result)
+        if frame.is_oneway:
+            return None
+        return frame.response({"queue_id": queue_id, "first_offset": result.first_queue_offset,
+                               "positions": result.positions, "id_prefix": self.id_prefix})
+
+    # ------------------------------------------------------------------ reading
+
+    async def on_route(self, conn: ServerConnection, frame: Frame) -> Frame:
+        topic = _str(frame.header, "topic")
+        create = bool(frame.header.get("create", False))
+        system = topic.startswith((RETRY_PREFIX, DLQ_PREFIX))
+        queues = self.topics.queues(topic, create=create, system=system)
+        return frame.response({"topic": topic, "queues": queues,
+                               "broker": f"{self.address[0]}:{self.address[1]}",
+                               "id_prefix": self.id_prefix})
+
+    async def on_pull(self, conn: ServerConnection, frame: Frame) -> Frame:
+        h = frame.header
+        topic = _str(h, "topic")
+        queue_id = _int(h, "queue_id")
+        offset = _int(h, "offset")
+        max_count = max(1, min(_int(h, "max_count", self.config.pull_batch), 4096))
+        hold_ms = max(0, min(_int(h, "hold_ms", self.config.long_poll_ms), 60_000))
+        tags = h.get("tags")
+        tag_hashes = frozenset(tags) if isinstance(tags, list) and tags else None
+        self.topics.check_queue(topic, queue_id)
+        deadline = time.monotonic() + hold_ms / 1000
+        while True:
+            try:
+                res = self.store.read_queue(topic, queue_id, offset, max_count,
+                                            self.config.pull_max_bytes, tag_hashes)
+            except OffsetOutOfRangeError as e:
+                lo, hi = e.min_offset, e.max_offset
+                nxt = lo if offset < lo else hi
+                return frame.response({"status": PullStatus.OFFSET_RESET, "next_offset": nxt,
+                                       "min_offset": lo, "max_offset": hi, "count": 0})
+            if res.count or res.next_offset != offset:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await self.hold.wait(topic, queue_id, remaining)
+        self.stats["pulled"] += res.count
+        status = PullStatus.FOUND if res.count else PullStatus.NO_NEW
+        return frame.response({"status": status, "next_offset": res.next_offset,
+                               "min_offset": res.min_offset, "max_offset": res.max_offset,
+                               "count": res.count}, res.records)
+
+    async def on_commit_offsets(self, conn: ServerConnection, frame: Frame) -> Frame | None:
+        group = _str(frame.header, "group")
+        entries = frame.header.get("offsets")
+        if not isinstance(entries, list):
+            raise ProtocolError("offsets must be a list of [topic, queue_id, offset]")
+        for entry in entries:
+            if (not isinstance(entry, list) or len(entry) != 3 or not isinstance(entry[0], str)
+                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in entry[1:])):
+                raise ProtocolError("offsets must be a list of [topic, queue_id, offset]")
+            self.offsets.commit(group, entry[0], entry[1], entry[2])
+        return None if frame.is_oneway else frame.response({})
+
+    async def on_query_offset(self, conn: ServerConnection, frame: Frame) -> Frame:
+        h = frame.header
+        group, topic, queue_id = _str(h, "group"), _str(h, "topic"), _int(h, "queue_id")
+        self.topics.check_queue(topic, queue_id)
+        lo, hi = self.store.queue_range(topic, queue_id)
+        return frame.response({"offset": self.offsets.get(group, topic, queue_id),
+                               "min_offset": lo, "max_offset": hi})
+
+    async def on_offset_for_time(self, conn: ServerConnection, frame: Frame) -> Frame:
+        h = frame.header
+        topic, queue_id, ts = _str(h, "topic"), _int(h, "queue_id"), _int(h, "ts_ms")
+        self.topics.check_queue(topic, queue_id)
+        return frame.response({"offset": self.store.offset_for_timestamp(topic, queue_id, ts)})
+
+    # ------------------------------------------------------------------ admin
+
+    async def on_create_topic(self, conn: ServerConnection, frame: Frame) -> Frame:
+        topic = _str(frame.header, "topic")
+        queues = frame.header.get("queues")
+        n = self.topics.create(topic, None if queues is None else _int(frame.header, "queues"))
+        return frame.response({"topic": topic, "queues": n})
+
+    async def on_delete_topic(self, conn: ServerConnection, frame: Frame) -> Frame:
+        topic = _str(frame.header, "topic")
+        self.topics.queues(topic)
+        self.topics.delete(topic)
+        return frame.response({})
+
+    def queue_ranges(self, topic: str) -> list[list[int]]:
+        return [list(self.store.queue_range(topic, q)) for q in range(self.topics.queues(topic))]
+
+    async def on_list_topics(self, conn: ServerConnection, frame: Frame) -> Frame:
+        include_system = bool(frame.header.get("system", False))
+        topics = {t: {"queues": n, "ranges": self.queue_ranges(t)}
+                  for t, n in sorted(self.topics.topics.items())
+                  if include_system or not t.startswith("%")}
+        return frame.response({"topics": topics})
+
+    async def on_queue_ranges(self, conn: ServerConnection, frame: Frame) -> Frame:
+        return frame.response({"ranges": self.queue_ranges(_str(frame.header, "topic"))})
+
+    async def on_get_message(self, conn: ServerConnection, frame: Frame) -> Frame:
+        _host, _port, position = msgid.decode(_str(frame.header, "msg_id"))
+        return frame.response({}, self.store.read_position(position))
+
+    async def on_broker_info(self, conn: ServerConnection, frame: Frame) -> Frame:
+        from equeue_core import __version__
+
+        return frame.response({
+            "address": f"{self.address[0]}:{self.address[1]}", "store": self.config.store,
+            "transport": self.config.transport, "flush": self.config.flush,
+            "version": __version__, "data_dir": os.path.abspath(self.config.data_dir),
+            "recovery": {"clean": self.recovery.clean, "truncated_bytes": self.recovery.truncated_bytes,
+                         "rebuilt_entries": self.recovery.rebuilt_entries},
+            "stats": dict(self.stats), "held_pulls": self.hold.held})
+
+
+async def run_broker(config: Config, ready: Callable[[Broker], None] | None = None,
+                     stop_event: asyncio.Event | None = None) -> None:
+    """Run a broker until stop_event is set (or forever)."""
+    broker = Broker(config)
+    await broker.start()
+    try:
+        if ready:
+            ready(broker)
+        await (stop_event or asyncio.Event()).wait()
+    finally:
+        await broker.stop()
+
+
+__all__ = ["Broker", "run_broker", "framing"]

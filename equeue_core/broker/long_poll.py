@@ -1,0 +1,46 @@
+"""PullHold: pulls that found nothing wait here until their queue gets a message or time runs out.
+
+Arrival wakes the held pulls of that queue at once; nothing polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+
+
+class PullHold:
+    def __init__(self) -> None:
+        self._waiting: dict[tuple[str, int], set[asyncio.Future]] = defaultdict(set)
+
+    async def wait(self, topic: str, queue_id: int, timeout: float) -> bool:
+        """True if woken by an arrival, False on timeout."""
+        key = (topic, queue_id)
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting[key].add(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            waiters = self._waiting.get(key)
+            if waiters is not None:
+                waiters.discard(fut)
+                if not waiters:
+                    del self._waiting[key]
+
+    def notify(self, topic: str, queue_id: int) -> None:
+        waiters = self._waiting.pop((topic, queue_id), None)
+        if waiters:
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    def wake_all(self) -> None:
+        for key in list(self._waiting):
+            self.notify(*key)
+
+    @property
+    def held(self) -> int:
+        return sum(len(w) for w in self._waiting.values())

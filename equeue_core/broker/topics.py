@@ -1,0 +1,68 @@
+"""Topic metadata: names, queue counts, persisted through the offset store's metadata."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from equeue_core.contracts import OffsetStore
+from equeue_core.errors import InvalidTopicError, QueueNotFoundError, TopicNotFoundError
+
+TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.%-]{1,127}$")
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+SCHEDULE_TOPIC = "%SCHEDULE%"
+SYSTEM_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX, SCHEDULE_TOPIC)
+META_KEY = "topics"
+
+
+def check_topic_name(topic: object, allow_system: bool = False) -> str:
+    if not isinstance(topic, str) or not TOPIC_NAME.match(topic):
+        raise InvalidTopicError(f"invalid topic name {topic!r}: use 1-127 characters of [A-Za-z0-9_.%-]")
+    if not allow_system and topic.startswith(SYSTEM_PREFIXES):
+        raise InvalidTopicError(f"topic names starting with %RETRY%, %DLQ% or %SCHEDULE% are reserved: {topic!r}")
+    return topic
+
+
+class TopicRegistry:
+    """name -> queue count. Changes are persisted before they are acknowledged."""
+
+    def __init__(self, offsets: OffsetStore, default_queues: int, auto_create: bool) -> None:
+        self._offsets = offsets
+        self.default_queues = default_queues
+        self.auto_create = auto_create
+        raw = offsets.get_meta(META_KEY)
+        self.topics: dict[str, int] = json.loads(raw) if raw else {}
+
+    def _save(self) -> None:
+        self._offsets.put_meta(META_KEY, json.dumps(self.topics, sort_keys=True).encode())
+
+    def create(self, topic: str, queues: int | None = None, system: bool = False) -> int:
+        check_topic_name(topic, allow_system=system)
+        n = self.default_queues if queues is None else int(queues)
+        if not 1 <= n <= 1024:
+            raise InvalidTopicError(f"queue count must be 1..1024, not {n}")
+        if self.topics.get(topic) != n:
+            self.topics[topic] = max(n, self.topics.get(topic, 0))
+            self._save()
+        return self.topics[topic]
+
+    def delete(self, topic: str) -> None:
+        if self.topics.pop(topic, None) is not None:
+            self._save()
+
+    def queues(self, topic: str, create: bool = False, system: bool = False) -> int:
+        n = self.topics.get(topic)
+        if n is None:
+            check_topic_name(topic, allow_system=system or topic.startswith(SYSTEM_PREFIXES))
+            if create and (self.auto_create or system):
+                return self.create(topic, 1 if system else None, system=system)
+            raise TopicNotFoundError(f"topic {topic!r} does not exist", topic=topic)
+        return n
+
+    def check_queue(self, topic: str, queue_id: object) -> int:
+        n = self.queues(topic)
+        if not isinstance(queue_id, int) or isinstance(queue_id, bool) or not 0 <= queue_id < n:
+            raise QueueNotFoundError(f"topic {topic!r} has queues 0..{n - 1}, not {queue_id!r}",
+                                     topic=topic, queue_id=queue_id)
+        return queue_id

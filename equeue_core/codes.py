@@ -1,0 +1,42 @@
+"""Request codes and the header fields each carries (docs/protocol.md, "Request codes").
+
+Headers are msgpack maps; bodies are runs of records (record.py) where noted.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Code(IntEnum):
+    # producer
+    SEND = 1             # {topic, queue_id} + body: records -> {queue_id, first_offset, positions, id_prefix}
+    ROUTE = 2            # {topic, create?} -> {topic, queues, broker, id_prefix}
+    # consumer
+    PULL = 10            # {group, topic, queue_id, offset, max_count, tags?, hold_ms}
+                         #   -> {status, next_offset, min_offset, max_offset, count} + body: records
+    COMMIT_OFFSETS = 11  # {group, offsets: [[topic, queue_id, offset], ...]} -> {}
+    QUERY_OFFSET = 12    # {group, topic, queue_id} -> {offset: int | None, min_offset, max_offset}
+    HEARTBEAT = 13       # {client_id, group, mode, subscriptions} -> {members}
+    UNREGISTER = 14      # {client_id, group} -> {}
+    GROUP_MEMBERS = 15   # {group} -> {members: [client ids]}
+    SEND_BACK = 16       # {group, position, max_reconsume, delay_level?} -> {}
+    LOCK_QUEUES = 17     # {group, client_id, queues: [[topic, q]...]} -> {locked: [[topic, q]...]}
+    UNLOCK_QUEUES = 18   # {group, client_id, queues} -> {}
+    GROUP_CHANGED = 19   # push: {group}
+    # admin
+    CREATE_TOPIC = 20    # {topic, queues} -> {topic, queues}
+    LIST_TOPICS = 21     # {} -> {topics: {name: {queues, ranges: [[min, max]...]}}}
+    GET_MESSAGE = 22     # {msg_id} -> body: one record
+    QUEUE_RANGES = 23    # {topic} -> {ranges: [[min, max]...]}
+    GROUP_INFO = 24      # {group?} -> {groups: {...}}
+    RESET_OFFSETS = 25   # {group, topic, to: "earliest"|"latest"|ts_ms} -> {offsets}
+    DELETE_TOPIC = 26    # {topic} -> {}
+    OFFSET_FOR_TIME = 27  # {topic, queue_id, ts_ms} -> {offset}
+    BROKER_INFO = 28     # {} -> {address, store, transport, version, flush}
+
+
+class PullStatus:
+    FOUND = "found"
+    NO_NEW = "no_new"        # nothing at offset after the hold time
+    OFFSET_RESET = "offset_reset"  # offset below min / above max: start again at next_offset
