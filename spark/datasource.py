@@ -1,0 +1,410 @@
+"""The `equeue` PySpark Python Data Source: batch and streaming reads of a stored topic, and writes
+of a DataFrame to a topic through a producer.
+
+Reads go through the store plugin's StoreReader (another process's read-only view of the broker's
+data directory), so they work while the broker runs and see, per queue, a consistent prefix: the
+planner fixes each queue's end offset from `queue_range` (the reader's safe end) and executors never
+read past it. Rows travel as Arrow RecordBatches straight from `export()`.
+
+Writes go through `equeue_core.client.Producer` to a running broker: at least once (a retried Spark
+task sends its rows again), in per-task order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from equeue_spark.common import (
+    DEFAULT_BATCH_ROWS,
+    DEFAULT_MAX_OFFSETS_PER_PARTITION,
+    EQueueSparkError,
+    StoreLocation,
+    export_batches,
+    int_opt,
+    opt,
+    parse_offset_spec,
+    parse_queue_ids,
+    parse_ts,
+    resolve_bound,
+    spark_schema,
+    split_range,
+    store_location,
+    topic_queues,
+)
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+
+@dataclass
+class EQueuePartition(InputPartition):
+    """One Spark task: offsets [start, end) of one queue of one topic."""
+
+    topic: str
+    queue_id: int
+    start: int
+    end: int
+
+
+def _required_topic(options: Any) -> str:
+    topic = opt(options, "topic")
+    if not topic:
+        raise EQueueSparkError('option "topic" is required')
+    return topic
+
+
+def _plan(topic: str, bounds: dict[int, tuple[int, int]], slice_size: int) -> list[EQueuePartition]:
+    """One partition per queue, a long range cut into slices of at most slice_size offsets."""
+    parts = []
+    for q in sorted(bounds):
+        start, end = bounds[q]
+        for s, e in split_range(start, end, slice_size):
+            parts.append(EQueuePartition(topic, q, s, e))
+    return parts
+
+
+class EQueueDataSource(DataSource):
+    """`spark.read.format("equeue")` / `df.write.format("equeue")`.
+
+    Options are documented in docs/spark.md. Only options travel to the workers (this object is
+    pickled), so every setting is a string option resolved where it is used.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "equeue"
+
+    def schema(self) -> StructType:
+        return spark_schema()
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return EQueueBatchReader(dict(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return EQueueStreamReader(dict(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> EQueueWriter:
+        return EQueueWriter(dict(self.options), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> EQueueStreamWriter:
+        return EQueueStreamWriter(dict(self.options), schema)
+
+
+# ---------------------------------------------------------------- batch read
+
+
+class EQueueBatchReader(DataSourceReader):
+    """Plans (on the driver) the offset slices of the selected queues and reads them (on executors).
+
+    The end of each queue is fixed when partitions() runs, so the DataFrame is one snapshot even if
+    the broker keeps appending; re-running the action replans and sees the newer end.
+    """
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+        self.topic = _required_topic(options)
+        self.location: StoreLocation = store_location(options)
+        self.queue_ids = parse_queue_ids(opt(options, "queues"))
+        self.starting = parse_offset_spec(opt(options, "startingOffset"), "startingOffset")
+        self.ending = parse_offset_spec(opt(options, "endingOffset"), "endingOffset")
+        self.starting_ts = parse_ts(opt(options, "startingTimestamp"), "startingTimestamp")
+        self.ending_ts = parse_ts(opt(options, "endingTimestamp"), "endingTimestamp")
+        self.slice_size = int_opt(options, "maxOffsetsPerPartition", DEFAULT_MAX_OFFSETS_PER_PARTITION)
+        self.batch_rows = int_opt(options, "batchRows", DEFAULT_BATCH_ROWS)
+
+    def bounds(self) -> dict[int, tuple[int, int]]:
+        """{queue: (start, end)} after options, clamped to what the store holds right now."""
+        reader = self.location.open()
+        try:
+            out = {}
+            for q in topic_queues(reader, self.topic, self.queue_ids):
+                lo, hi = reader.queue_range(self.topic, q)
+                start = resolve_bound(self.starting, self.starting_ts, reader, self.topic, q, lo, hi, lo)
+                end = resolve_bound(self.ending, self.ending_ts, reader, self.topic, q, lo, hi, hi)
+                out[q] = (start, max(start, end))
+            return out
+        finally:
+            reader.close()
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return _plan(self.topic, self.bounds(), self.slice_size)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, EQueuePartition)
+        yield from export_batches(self.location, partition.topic, partition.queue_id,
+                                  partition.start, partition.end, self.batch_rows)
+
+
+# ---------------------------------------------------------------- streaming read
+
+
+class EQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches over {queue id (string): next offset}.
+
+    Offsets are the queue offsets themselves, so a query restarted from its checkpoint resumes at
+    exactly the next message of every queue (no duplicate, no gap), while the store retains it. A
+    queue that appears later starts at its first retained offset. Offsets below what retention
+    kept are moved up to the queue's minimum (those messages are gone).
+    """
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+        self.topic = _required_topic(options)
+        self.location: StoreLocation = store_location(options)
+        self.queue_ids = parse_queue_ids(opt(options, "queues"))
+        self.starting = parse_offset_spec(opt(options, "startingOffsets"), "startingOffsets") or "earliest"
+        self.slice_size = int_opt(options, "maxOffsetsPerPartition", DEFAULT_MAX_OFFSETS_PER_PARTITION)
+        self.batch_rows = int_opt(options, "batchRows", DEFAULT_BATCH_ROWS)
+        raw_max = opt(options, "maxMessagesPerTrigger")
+        self.max_per_trigger = int_opt(options, "maxMessagesPerTrigger", 1) if raw_max else None
+        self.target: dict[str, int] | None = None  # availableNow: the end fixed at query start
+
+    def _ranges(self) -> dict[int, tuple[int, int]]:
+        # A fresh reader per call: the contract does not promise an open reader sees later appends.
+        reader = self.location.open()
+        try:
+            return {q: tuple(reader.queue_range(self.topic, q))  # type: ignore[misc]
+                    for q in topic_queues(reader, self.topic, self.queue_ids)}
+        finally:
+            reader.close()
+
+    def initialOffset(self) -> dict:
+        ranges = self._ranges()
+        out = {}
+        for q, (lo, hi) in ranges.items():
+            if self.starting == "latest":
+                out[str(q)] = hi
+            elif isinstance(self.starting, dict):
+                out[str(q)] = max(lo, min(hi, self.starting.get(q, lo)))
+            elif isinstance(self.starting, int):
+                out[str(q)] = max(lo, min(hi, self.starting))
+            else:
+                out[str(q)] = lo
+        return out
+
+    def _available(self) -> dict[str, int]:
+        return {str(q): hi for q, (_lo, hi) in self._ranges().items()}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self._available()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.max_per_trigger:
+            return ReadMaxRows(self.max_per_trigger)
+        return ReadAllAvailable()
+
+    def reportLatestOffset(self) -> dict | None:
+        return self._available()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """The end of the next micro-batch: everything available (or up to the availableNow
+        target), capped by ReadMaxRows spread fairly over the queues that have data."""
+        latest = self.target if self.target is not None else self._available()
+        begin = {q: int(o) for q, o in start.items()}
+        new_queues = [q for q in latest if q not in begin]
+        if new_queues:  # a queue that appeared since start is read from its first retained offset
+            ranges = self._ranges()
+            for q in new_queues:
+                begin[q] = ranges[int(q)][0] if int(q) in ranges else latest[q]
+        end = {q: max(o, int(latest.get(q, o))) for q, o in begin.items()}
+        if isinstance(limit, ReadMaxRows):
+            end = self._cap(begin, end, int(limit.max_rows))
+        return end
+
+    @staticmethod
+    def _cap(start: dict, end: dict[str, int], budget: int) -> dict[str, int]:
+        """Give each queue with data an equal share of budget (leftover to the others)."""
+        pending = {q: end[q] - int(start.get(q, end[q])) for q in end}
+        pending = {q: n for q, n in pending.items() if n > 0}
+        take = dict.fromkeys(pending, 0)
+        while budget > 0 and pending:
+            share = max(1, budget // len(pending))
+            for q in sorted(pending, key=int):
+                n = min(share, pending[q], budget)
+                take[q] += n
+                pending[q] -= n
+                budget -= n
+                if budget == 0:
+                    break
+            pending = {q: n for q, n in pending.items() if n > 0}
+        capped = dict(end)
+        for q in end:
+            s = int(start.get(q, end[q]))
+            capped[q] = s + take.get(q, 0) if end[q] > s else end[q]
+        return capped
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        ranges = None
+        bounds: dict[int, tuple[int, int]] = {}
+        for q, e in end.items():
+            if q in start:
+                s = int(start[q])
+            else:
+                ranges = ranges or self._ranges()
+                s = ranges[int(q)][0]
+            if int(e) > s:
+                bounds[int(q)] = (s, int(e))
+        if bounds:
+            # retention may have removed the head of a queue since the checkpoint
+            ranges = ranges or self._ranges()
+            bounds = {q: (max(s, ranges[q][0]) if q in ranges else s, e) for q, (s, e) in bounds.items()}
+            bounds = {q: (s, e) for q, (s, e) in bounds.items() if e > s}
+        return _plan(self.topic, bounds, self.slice_size)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, EQueuePartition)
+        yield from export_batches(self.location, partition.topic, partition.queue_id,
+                                  partition.start, partition.end, self.batch_rows)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to release: offsets live in Spark's checkpoint, not in the broker."""
+
+    def stop(self) -> None:
+        """No resource is held between calls (each call opens and closes its reader)."""
+
+
+# ---------------------------------------------------------------- write
+
+
+@dataclass
+class EQueueCommitMessage(WriterCommitMessage):
+    """What one write task sent."""
+
+    sent: int
+
+
+def _broker_address(options: dict[str, str]) -> str:
+    broker = opt(options, "broker")
+    if broker:
+        return broker
+    path = opt(options, "path")
+    if path:
+        from equeue_core.export import read_broker_info
+
+        info = read_broker_info(path)
+        if info.get("port"):
+            host = str(info.get("host") or "127.0.0.1")
+            if host in ("0.0.0.0", "::", ""):
+                host = "127.0.0.1"
+            return f"{host}:{int(info['port'])}"
+        raise EQueueSparkError(f"no broker.json with a port in {path!r}; give the \"broker\" option")
+    raise EQueueSparkError('option "broker" (host:port) is required to write')
+
+
+def _check_write_schema(schema: StructType) -> None:
+    from pyspark.sql.types import ArrayType, BinaryType, StringType
+
+    fields = {f.name: f.dataType for f in schema.fields}
+    if "body" not in fields:
+        raise EQueueSparkError(f"writing to equeue needs a 'body' column (binary or string); columns: {sorted(fields)}")
+    if not isinstance(fields["body"], (BinaryType, StringType)):
+        raise EQueueSparkError(f"column 'body' must be binary or string, not {fields['body'].simpleString()}")
+    for name in ("tag", "routing_key"):
+        if name in fields and not isinstance(fields[name], StringType):
+            raise EQueueSparkError(f"column {name!r} must be a string, not {fields[name].simpleString()}")
+    if "keys" in fields and not (isinstance(fields["keys"], StringType) or (
+            isinstance(fields["keys"], ArrayType) and isinstance(fields["keys"].elementType, StringType))):
+        raise EQueueSparkError("column 'keys' must be array<string> or string")
+
+
+def send_arrow_batches(options: dict[str, str], batches: Iterator[Any]) -> int:
+    """Send every row of the batches to the topic; returns how many were acknowledged.
+
+    Rows without a routing_key go through send_batch in chunks of `batchSize` (default 512);
+    rows with one are sent one by one with it (hash routing keeps per-key order).
+    """
+    from equeue_core.client import Message, Producer
+
+    topic = _required_topic(options)
+    chunk = int_opt(options, "batchSize", 512)
+    sent = 0
+    with Producer(broker=_broker_address(options)) as producer:
+        pending: list = []
+        for batch in batches:
+            cols = batch.schema.names
+            body = batch.column("body").to_pylist()
+            tags = batch.column("tag").to_pylist() if "tag" in cols else None
+            keys = batch.column("keys").to_pylist() if "keys" in cols else None
+            rkeys = batch.column("routing_key").to_pylist() if "routing_key" in cols else None
+            for i, b in enumerate(body):
+                if b is None:
+                    raise EQueueSparkError("a row has a null body")
+                if isinstance(b, str):
+                    b = b.encode()
+                k = keys[i] if keys is not None else None
+                if isinstance(k, str):
+                    k = [k]
+                msg = Message(topic, b, tag=tags[i] if tags is not None else None, keys=tuple(k or ()))
+                rk = rkeys[i] if rkeys is not None else None
+                if rk is not None:
+                    producer.send(msg, routing_key=rk)
+                    sent += 1
+                    continue
+                pending.append(msg)
+                if len(pending) >= chunk:
+                    producer.send_batch(pending)
+                    sent += len(pending)
+                    pending = []
+        if pending:
+            producer.send_batch(pending)
+            sent += len(pending)
+    return sent
+
+
+class EQueueWriter(DataSourceArrowWriter):
+    """Batch write: each task sends its rows through one Producer (at least once)."""
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        _check_write_schema(schema)
+        _required_topic(options)
+        _broker_address(options)
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> EQueueCommitMessage:
+        return EQueueCommitMessage(send_arrow_batches(self.options, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Sent messages are already stored; nothing to publish."""
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Messages cannot be unsent: a failed job leaves what it sent (at-least-once)."""
+
+
+class EQueueStreamWriter(DataSourceStreamArrowWriter):
+    """Streaming write: each micro-batch task sends its rows (at least once across restarts)."""
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        _check_write_schema(schema)
+        _required_topic(options)
+        _broker_address(options)
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> EQueueCommitMessage:
+        return EQueueCommitMessage(send_arrow_batches(self.options, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Sent messages are already stored; nothing to publish."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Messages cannot be unsent: a failed batch is re-run and its rows sent again."""
+
+
+def offsets_json(offsets: dict[int, int]) -> str:
+    """{queue: offset} as the JSON the startingOffset(s)/endingOffset options accept."""
+    return json.dumps({str(q): int(o) for q, o in sorted(offsets.items())})

@@ -1,0 +1,281 @@
+"""Shared plumbing of the equeue data source and jobs: options, the Spark schema, opening a store
+reader, offset resolution and planning of offset slices.
+
+Everything here is plain Python (no SparkSession needed), so the driver-side planner, the
+executors and the jobs resolve options and offsets the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from equeue_core.errors import EQueueError, PluginError
+from equeue_core.export import read_broker_info
+
+DEFAULT_STORE = "file"
+DEFAULT_MAX_OFFSETS_PER_PARTITION = 1_000_000
+DEFAULT_BATCH_ROWS = 65536
+STORE_OPTION_PREFIX = "store."
+
+COLUMNS = ("topic", "queue_id", "queue_offset", "msg_id", "tag", "keys", "properties",
+           "body", "born_ts", "store_ts")
+
+
+class EQueueSparkError(EQueueError):
+    """A bad option or an unreadable store, reported to the Spark user with what to fix."""
+
+    code = "spark"
+
+
+def spark_schema() -> Any:
+    """The DataFrame schema of a read: the export columns, timestamps as Spark TIMESTAMP (UTC)."""
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        LongType,
+        MapType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    return StructType([
+        StructField("topic", StringType()),
+        StructField("queue_id", IntegerType()),
+        StructField("queue_offset", LongType()),
+        StructField("msg_id", StringType()),
+        StructField("tag", StringType()),
+        StructField("keys", ArrayType(StringType())),
+        StructField("properties", MapType(StringType(), StringType())),
+        StructField("body", BinaryType()),
+        StructField("born_ts", TimestampType()),
+        StructField("store_ts", TimestampType()),
+    ])
+
+
+_SPARK_ARROW_SCHEMA: Any = None
+
+
+def spark_arrow_schema() -> Any:
+    """The Arrow schema Spark checks yielded batches against (timestamps in microseconds)."""
+    global _SPARK_ARROW_SCHEMA
+    if _SPARK_ARROW_SCHEMA is None:
+        import pyarrow as pa
+
+        from equeue_core.export import arrow_schema
+
+        fields = []
+        for f in arrow_schema():
+            if pa.types.is_timestamp(f.type):
+                f = f.with_type(pa.timestamp("us", tz="UTC"))
+            elif pa.types.is_list(f.type):
+                f = f.with_type(pa.list_(pa.field("element", f.type.value_type)))
+            fields.append(f)
+        _SPARK_ARROW_SCHEMA = pa.schema(fields)
+    return _SPARK_ARROW_SCHEMA
+
+
+def to_spark_batch(batch: Any) -> Any:
+    """Cast one export RecordBatch to the exact Arrow schema Spark expects.
+
+    The store readers emit millisecond timestamps (what records hold); Spark's TIMESTAMP is
+    microseconds and Spark refuses a batch whose schema differs, so the two timestamp columns are
+    cast (a cheap vectorised multiply; every other column passes through untouched).
+    """
+    target = spark_arrow_schema()
+    if batch.schema.equals(target):
+        return batch
+    return batch.cast(target)
+
+
+# ---------------------------------------------------------------- options
+
+
+def opt(options: Mapping[str, str], name: str, default: str | None = None) -> str | None:
+    """An option by case-insensitive name (Spark hands us a CaseInsensitiveDict, jobs a dict)."""
+    if name in options:
+        return options[name]
+    low = name.lower()
+    for k, v in options.items():
+        if k.lower() == low:
+            return v
+    return default
+
+
+def int_opt(options: Mapping[str, str], name: str, default: int) -> int:
+    raw = opt(options, name)
+    if raw is None or str(raw).strip() == "":
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise EQueueSparkError(f"option {name!r} must be an integer, got {raw!r}") from None
+    if value <= 0:
+        raise EQueueSparkError(f"option {name!r} must be > 0, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """Where and how to open a store reader; picklable, so it travels to executors."""
+
+    store: str
+    path: str
+    reader_options: tuple[tuple[str, str], ...] = ()
+
+    def open(self) -> Any:
+        return open_store_reader(self.store, self.path, dict(self.reader_options))
+
+
+def store_location(options: Mapping[str, str]) -> StoreLocation:
+    """Resolve `path` (required) and `store` (option, else broker.json's store, else "file")."""
+    path = opt(options, "path")
+    if not path:
+        raise EQueueSparkError('option "path" (the broker data directory) is required')
+    store = opt(options, "store") or str(read_broker_info(path).get("store") or DEFAULT_STORE)
+    reader_options = tuple(sorted(
+        (k[len(STORE_OPTION_PREFIX):], str(v)) for k, v in options.items()
+        if k.lower().startswith(STORE_OPTION_PREFIX)))
+    return StoreLocation(store, path, reader_options)
+
+
+def open_store_reader(store: str, path: str, options: dict[str, str] | None = None) -> Any:
+    """Open the named store's reader on path, or raise an error that names the store and why.
+
+    An unknown store lists the installed readers; a store whose engine refuses a second process
+    (an exclusive lock, a format it cannot open read-only) is reported as such instead of the
+    engine's bare exception, so the user knows to stop the broker or pick another store.
+    """
+    from equeue_core.plugins import get_plugin_manager
+
+    if not os.path.isdir(path):
+        raise EQueueSparkError(f"data directory {path!r} does not exist")
+    pm = get_plugin_manager()
+    try:
+        factory = pm.store_reader(store)
+    except PluginError as e:
+        raise EQueueSparkError(f"cannot read store {store!r}: {e}") from e
+    try:
+        return factory(path, dict(options or {}))
+    except EQueueError as e:
+        raise EQueueSparkError(f"store {store!r} cannot be read from this process at {path!r}: {e}") from e
+    except Exception as e:  # the engine's own error (lock held, not read-only capable, ...)
+        raise EQueueSparkError(
+            f"store {store!r} cannot be read from this process at {path!r} "
+            f"({type(e).__name__}: {e}); its engine may not allow a reader while the broker "
+            f"holds it, stop the broker or use a store that supports concurrent readers") from e
+
+
+# ---------------------------------------------------------------- offsets
+
+
+def parse_queue_ids(raw: str | None) -> list[int] | None:
+    """"0,2" -> [0, 2]; None/"" -> None (all queues)."""
+    if raw is None or not str(raw).strip():
+        return None
+    try:
+        return sorted({int(p) for p in str(raw).split(",") if p.strip()})
+    except ValueError:
+        raise EQueueSparkError(f'option "queues" must be comma-separated queue ids, got {raw!r}') from None
+
+
+def parse_offset_spec(raw: str | None, name: str) -> int | str | dict[int, int] | None:
+    """A per-queue JSON object {"0": 10}, a single number for every queue, "earliest"/"latest"."""
+    if raw is None or not str(raw).strip():
+        return None
+    text = str(raw).strip()
+    if text.lower() in ("earliest", "latest"):
+        return text.lower()
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise EQueueSparkError(f"option {name!r} must be a number, earliest, latest or a JSON object "
+                               f'like {{"0": 10}}, got {raw!r}') from None
+    if isinstance(value, bool):
+        raise EQueueSparkError(f"option {name!r}: {raw!r} is not an offset")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, dict):
+        try:
+            return {int(k): int(v) for k, v in value.items()}
+        except (TypeError, ValueError):
+            raise EQueueSparkError(f"option {name!r}: keys must be queue ids and values offsets, got {raw!r}") from None
+    raise EQueueSparkError(f"option {name!r} must be a number or a JSON object, got {raw!r}")
+
+
+def parse_ts(raw: str | None, name: str) -> int | None:
+    if raw is None or not str(raw).strip():
+        return None
+    try:
+        return int(str(raw).strip())
+    except ValueError:
+        raise EQueueSparkError(f"option {name!r} must be milliseconds since the epoch, got {raw!r}") from None
+
+
+def topic_queues(reader: Any, topic: str, wanted: list[int] | None) -> list[int]:
+    """The topic's queue ids (restricted to `wanted`); an unknown topic or queue is an error."""
+    all_queues = reader.queues()
+    if topic not in all_queues:
+        known = ", ".join(sorted(all_queues)) or "none"
+        raise EQueueSparkError(f"topic {topic!r} is not in the store; topics: {known}")
+    present = sorted(all_queues[topic])
+    if wanted is None:
+        return present
+    missing = [q for q in wanted if q not in present]
+    if missing:
+        raise EQueueSparkError(f"topic {topic!r} has no queue(s) {missing}; queues: {present}")
+    return wanted
+
+
+def resolve_bound(spec: int | str | dict[int, int] | None, ts: int | None, reader: Any, topic: str,
+                  q: int, lo: int, hi: int, default: int) -> int:
+    """One queue's bound from an offset spec or a timestamp, clamped into [lo, hi]."""
+    if ts is not None and spec is None:
+        value = reader.offset_for_timestamp(topic, q, ts)
+    elif spec == "earliest":
+        value = lo
+    elif spec == "latest":
+        value = hi
+    elif isinstance(spec, int):
+        value = spec
+    elif isinstance(spec, dict):
+        value = spec.get(q, default)
+    else:
+        value = default
+    return max(lo, min(hi, int(value)))
+
+
+def split_range(start: int, end: int, size: int) -> Iterator[tuple[int, int]]:
+    """[start, end) as consecutive slices of at most size offsets."""
+    for s in range(start, end, size):
+        yield s, min(s + size, end)
+
+
+def export_batches(location: StoreLocation, topic: str, queue_id: int, start: int, end: int,
+                   batch_rows: int) -> Iterator[Any]:
+    """Spark-ready RecordBatches for [start, end) of one queue, from a reader opened here.
+
+    The store reader guarantees every offset below its safe end is an intact record, and the
+    planner never asks past the end it saw, so a read racing the broker sees a consistent prefix.
+    A count check turns a reader that returns fewer rows than asked (data deleted by retention
+    between planning and reading) into a clear error instead of a silent gap.
+    """
+    reader = location.open()
+    try:
+        got = 0
+        for batch in reader.export(topic, queue_id, start, end, batch_rows):
+            if batch.num_rows:
+                got += batch.num_rows
+                yield to_spark_batch(batch)
+        if got != end - start:
+            raise EQueueSparkError(
+                f"store {location.store!r} returned {got} rows for {topic}/{queue_id} offsets "
+                f"[{start}, {end}), expected {end - start} (retention may have deleted them)")
+    finally:
+        reader.close()
