@@ -1,0 +1,1 @@
+"""The built-in TCP transport (see plugin.py)."""

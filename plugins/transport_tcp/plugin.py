@@ -1,1 +1,41 @@
-"""Placeholder until the plugin lands: registers nothing."""
+"""The `tcp` transport: length-prefixed frames (equeue_core.frame) over asyncio TCP.
+
+Registered through the `equeue` entry point `transport_tcp`, exactly as a third-party transport
+would be. docs/protocol.md describes what goes over the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from equeue_plugins.transport_tcp.client import TcpClientConnection
+from equeue_plugins.transport_tcp.server import TcpServer
+
+from equeue_core import frame as wire
+from equeue_core.contracts import ServerHandler, TransportSettings
+from equeue_core.hookspecs import hookimpl
+
+
+class TcpTransport:
+    """Serve and connect over TCP. Stateless: every server and connection owns its own sockets."""
+
+    name = "tcp"
+
+    async def serve(self, host: str, port: int, handler: ServerHandler,
+                    settings: TransportSettings) -> TcpServer:
+        """Listen on (host, port) (port 0: an ephemeral port, see `TcpServer.address`)."""
+        server = TcpServer(handler, settings)
+        await server.start(host, port)
+        return server
+
+    async def connect(self, host: str, port: int, settings: TransportSettings,
+                      on_push: Callable[[wire.Frame], object] | None = None) -> TcpClientConnection:
+        """An open connection; TransportError if the server cannot be reached in connect_timeout."""
+        conn = TcpClientConnection(host, port, settings, on_push)
+        await conn.connect()
+        return conn
+
+
+@hookimpl
+def equeue_transports() -> dict:
+    return {"tcp": TcpTransport()}

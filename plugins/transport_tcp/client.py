@@ -1,0 +1,271 @@
+"""The TCP client connection: many requests in flight, matched to responses by request id.
+
+Guarantees:
+- `request` assigns the request id, refuses an oversized frame with FrameTooLargeError before
+  anything is written, and ends in exactly one of: the response frame (an error-flagged response is
+  returned as a Frame; the caller maps it), RequestTimeoutError, ConnectionLostError.
+- When the connection drops, every request in flight fails with ConnectionLostError at once.
+- The next request after a drop (server restart, network blip) reconnects transparently; if that
+  reconnect fails, the request fails with ConnectionLostError and the one after tries again.
+- Push frames from the server go to `on_push` (a coroutine result is run as a task).
+- Writes are never copied here: `frame.encode` buffers go to `writelines` as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import socket
+from collections.abc import Callable
+
+from equeue_plugins.transport_tcp.framing import FrameReader, Head
+from equeue_plugins.transport_tcp.server import tune_socket
+
+from equeue_core import frame as wire
+from equeue_core.contracts import TransportSettings
+from equeue_core.errors import (
+    ClientClosedError,
+    ConnectionLostError,
+    FrameTooLargeError,
+    ProtocolError,
+    RequestTimeoutError,
+    TransportError,
+)
+
+log = logging.getLogger(__name__)
+
+
+class _ClientProtocol(asyncio.BufferedProtocol):
+    """One TCP connection's worth of state; replaced by a new one on reconnect."""
+
+    def __init__(self, owner: TcpClientConnection) -> None:
+        self._owner = owner
+        self.pending: dict[int, asyncio.Future] = {}
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self.write_paused = False
+        self._resumed: asyncio.Future | None = None
+        self.reader = FrameReader(owner.settings.max_frame_size, self._on_frame, self._on_oversized,
+                                  self._on_bad_frame, self._on_fatal)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.reader.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.reader.feed(nbytes)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        pending, self.pending = self.pending, {}
+        err = ConnectionLostError(f"connection to {self._owner.address} lost"
+                                  + (f": {exc}" if exc else ""))
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        if self._resumed is not None and not self._resumed.done():
+            self._resumed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self._resumed is not None and not self._resumed.done():
+            self._resumed.set_result(None)
+        self._resumed = None
+
+    async def drain(self) -> None:
+        """Wait while the kernel send buffer is full (bounded memory when the server is slow)."""
+        if self.write_paused and not self.lost:
+            if self._resumed is None:
+                self._resumed = asyncio.get_running_loop().create_future()
+            await self._resumed
+
+    def _on_frame(self, frame: wire.Frame) -> None:
+        if frame.flags & wire.FLAG_PUSH:
+            self._owner._deliver_push(frame)
+            return
+        fut = self.pending.pop(frame.request_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(frame)
+        # else: a response to a request that already timed out; drop it.
+
+    def _on_oversized(self, head: Head, err: FrameTooLargeError) -> None:
+        fut = self.pending.pop(head[6], None)
+        if fut is not None and not fut.done():
+            fut.set_exception(FrameTooLargeError(f"response {err}", **err.details))
+
+    def _on_bad_frame(self, head: Head, err: ProtocolError) -> None:
+        fut = self.pending.pop(head[6], None)
+        if fut is not None and not fut.done():
+            fut.set_exception(ProtocolError(f"response does not decode: {err}"))
+
+    def _on_fatal(self, err: ProtocolError) -> None:
+        log.warning("closing connection to %s: %s", self._owner.address, err)
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class TcpClientConnection:
+    """A `ClientConnection` over TCP that reconnects on the next request after a drop."""
+
+    def __init__(self, host: str, port: int, settings: TransportSettings,
+                 on_push: Callable[[wire.Frame], object] | None = None) -> None:
+        self.host = host
+        self.port = port
+        self.address = f"{host}:{port}"
+        self.settings = settings
+        self.on_push = on_push
+        self._ids = itertools.count(1)
+        self._proto: _ClientProtocol | None = None
+        self._connecting: asyncio.Future | None = None
+        self._closed = False
+        self._push_tasks: set[asyncio.Task] = set()
+
+    @property
+    def closed(self) -> bool:
+        """True once `close()` was called (a dropped connection is not closed: it reconnects)."""
+        return self._closed
+
+    @property
+    def connected(self) -> bool:
+        return self._proto is not None and not self._proto.lost
+
+    async def connect(self) -> None:
+        """Open the TCP connection (TransportError if that fails within connect_timeout)."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.settings.connect_timeout):
+                infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+                family, type_, proto, _, sockaddr = infos[0]
+                sock = socket.socket(family, type_, proto)
+                try:
+                    tune_socket(sock, self.settings.socket_buffer)  # before connect: window scaling
+                    sock.setblocking(False)
+                    await loop.sock_connect(sock, sockaddr)
+                    _, protocol = await loop.create_connection(lambda: _ClientProtocol(self), sock=sock)
+                except BaseException:
+                    sock.close()
+                    raise
+        except TimeoutError:
+            raise TransportError(f"connect to {self.address} timed out after "
+                                 f"{self.settings.connect_timeout}s") from None
+        except OSError as e:
+            raise TransportError(f"cannot connect to {self.address}: {e}") from None
+        self._proto = protocol
+
+    async def _ready(self) -> _ClientProtocol:
+        proto = self._proto
+        if proto is not None and not proto.lost:
+            return proto
+        if self._closed:
+            raise ClientClosedError(f"connection to {self.address} is closed")
+        # One reconnect at a time; concurrent requests wait for it.
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self.connect())
+        connecting = self._connecting
+        try:
+            await asyncio.shield(connecting)
+        except TransportError as e:
+            raise ConnectionLostError(f"connection to {self.address} lost and reconnect failed: {e}") from None
+        finally:
+            if self._connecting is connecting and connecting.done():
+                self._connecting = None
+        if self._closed:
+            self._drop()
+            raise ClientClosedError(f"connection to {self.address} is closed")
+        assert self._proto is not None
+        return self._proto
+
+    async def request(self, frame: wire.Frame, timeout: float) -> wire.Frame:
+        """Send `frame` as a request and await its response (see the module docstring)."""
+        request_id = next(self._ids)
+        frame.request_id = request_id
+        frame.flags &= ~(wire.FLAG_ONEWAY | wire.FLAG_RESPONSE | wire.FLAG_PUSH)
+        buffers = wire.encode(frame, self.settings.max_frame_size)  # FrameTooLargeError: nothing sent
+        proto = self._proto
+        if proto is None or proto.lost:
+            proto = await self._ready()
+        if proto.write_paused:
+            await proto.drain()
+            if proto.lost:
+                raise ConnectionLostError(f"connection to {self.address} lost")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        proto.pending[request_id] = fut
+        timer = loop.call_later(timeout, _expire, fut, request_id, timeout)
+        try:
+            assert proto.transport is not None
+            proto.transport.writelines(buffers)
+            return await fut
+        finally:
+            timer.cancel()
+            proto.pending.pop(request_id, None)
+
+    async def send_oneway(self, frame: wire.Frame) -> None:
+        """Send `frame` with FLAG_ONEWAY; no response is expected. Delivery is best effort: a drop
+        after the write is not reported (a drop before it raises ConnectionLostError)."""
+        frame.request_id = next(self._ids)
+        frame.flags = (frame.flags | wire.FLAG_ONEWAY) & ~(wire.FLAG_RESPONSE | wire.FLAG_PUSH)
+        buffers = wire.encode(frame, self.settings.max_frame_size)
+        proto = self._proto
+        if proto is None or proto.lost:
+            proto = await self._ready()
+        if proto.write_paused:
+            await proto.drain()
+        if proto.lost:
+            raise ConnectionLostError(f"connection to {self.address} lost")
+        assert proto.transport is not None
+        proto.transport.writelines(buffers)
+
+    def _deliver_push(self, frame: wire.Frame) -> None:
+        if self.on_push is None:
+            return
+        try:
+            result = self.on_push(frame)
+        except Exception:
+            log.exception("on_push callback failed")
+            return
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(result)
+            self._push_tasks.add(task)
+            task.add_done_callback(self._push_tasks.discard)
+
+    def _drop(self) -> None:
+        proto, self._proto = self._proto, None
+        if proto is not None and proto.transport is not None:
+            proto.transport.close()
+            proto.connection_lost(None)  # fail in-flight requests now, not on the next iteration
+
+    async def close(self) -> None:
+        """Close for good: in-flight requests fail with ConnectionLostError; later ones raise
+        ClientClosedError. Push callbacks still running are cancelled."""
+        if self._closed:
+            return
+        self._closed = True
+        self._drop()
+        for task in list(self._push_tasks):
+            task.cancel()
+        if self._push_tasks:
+            await asyncio.gather(*self._push_tasks, return_exceptions=True)
+        if self._connecting is not None:
+            try:
+                await asyncio.shield(self._connecting)
+            except (TransportError, asyncio.CancelledError):
+                pass
+            self._drop()
+        await asyncio.sleep(0)  # let the transport finish closing
+
+
+def _expire(fut: asyncio.Future, request_id: int, timeout: float) -> None:
+    if not fut.done():
+        fut.set_exception(RequestTimeoutError(f"no response to request {request_id} within {timeout}s",
+                                              request_id=request_id, timeout=timeout))

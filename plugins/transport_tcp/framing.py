@@ -1,0 +1,168 @@
+"""Cutting a TCP byte stream into frames, with bounded memory and no trust in the peer.
+
+`FrameReader` is the receive half shared by the server and the client. It is driven by an
+`asyncio.BufferedProtocol`: the event loop reads straight into the buffer `get_buffer` returns, and
+`feed(n)` parses whatever whole frames are now there. What it guarantees:
+
+- Memory per connection is bounded by what the peer has actually sent of the current frame (at most
+  about twice that, plus a 64 KiB scratch buffer): a head that *announces* 16 MiB pins 64 KiB, not 16 MiB.
+- A length prefix over `max_frame` is never buffered: the reader reports it (`on_oversized`, with the
+  parsed head so the caller can answer that request id) and then discards exactly that many bytes,
+  so the stream stays in step and the connection stays usable.
+- A frame that is whole but does not decode (bad header msgpack, header length past the frame) is
+  reported with its head (`on_bad_frame`); the stream is still in step.
+- A head whose magic/version is wrong, or whose length is shorter than a head, means the stream can
+  no longer be cut into frames: `on_fatal` is called and the caller closes the connection.
+- A large frame is received into a buffer that is then handed to the Frame (its body is a
+  memoryview over it), so a 15 MiB body is not copied again after it arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from equeue_core import frame as wire
+from equeue_core.errors import FrameTooLargeError, ProtocolError
+
+SCRATCH_SIZE = 64 * 1024  # initial receive buffer per connection
+MIN_READ = 16 * 1024  # never offer the kernel less room than this
+HANDOVER_MIN = 128 * 1024  # frames at least this big keep their receive buffer instead of a copy
+
+Head = tuple[int, int, int, int, int, int, int, int]  # wire.HEAD fields
+
+
+class FrameReader:
+    """Incremental frame parser over a growable bytearray (see the module docstring)."""
+
+    __slots__ = ("_buf", "_start", "_end", "_need", "_discard", "max_frame",
+                 "on_frame", "on_oversized", "on_bad_frame", "on_fatal")
+
+    def __init__(self, max_frame: int,
+                 on_frame: Callable[[wire.Frame], None],
+                 on_oversized: Callable[[Head, FrameTooLargeError], None],
+                 on_bad_frame: Callable[[Head, ProtocolError], None],
+                 on_fatal: Callable[[ProtocolError], None]) -> None:
+        self.max_frame = max_frame
+        self.on_frame = on_frame
+        self.on_oversized = on_oversized
+        self.on_bad_frame = on_bad_frame
+        self.on_fatal = on_fatal
+        self._buf = bytearray(SCRATCH_SIZE)
+        self._start = 0  # first unparsed byte
+        self._end = 0  # one past the last received byte
+        self._need = 0  # total size of the frame at _start once its head is parsed, else 0
+        self._discard = 0  # bytes of an oversized frame still to throw away
+
+    @property
+    def partial(self) -> bool:
+        """True while part of a frame has arrived and the rest has not (what slow-loris checks)."""
+        return self._end > self._start or self._discard > 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of memory this reader holds (for tests that check nothing is pinned)."""
+        return len(self._buf)
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Room for the next read. Grows only when unparsed data fills the buffer, so capacity
+        stays within about 2x what the peer really sent (never the size a head merely claims)."""
+        buf = self._buf
+        if self._discard:
+            # Reads of an oversized frame land at the start of the scratch buffer and are dropped.
+            self._start = self._end = 0
+            return memoryview(buf)
+        if len(buf) - self._end < MIN_READ:
+            pending = self._end - self._start
+            target = len(buf)
+            if pending + MIN_READ > len(buf):
+                target = max(2 * len(buf), pending + MIN_READ)
+                if self._need:  # do not grow past the frame (plus one read of what follows)
+                    target = max(min(target, self._need + MIN_READ), pending + MIN_READ)
+            if target != len(buf):
+                new = bytearray(target)
+                new[:pending] = memoryview(buf)[self._start:self._end]
+                self._buf = buf = new
+            else:
+                buf[:pending] = buf[self._start:self._end]
+            self._start, self._end = 0, pending
+        return memoryview(buf)[self._end:]
+
+    def feed(self, nbytes: int) -> None:
+        """`nbytes` were written into the last buffer: parse every whole frame now available."""
+        if self._discard:
+            take = min(nbytes, self._discard)
+            self._discard -= take
+            if self._discard or take == nbytes:
+                self._start = self._end = 0
+                return
+            self._start, self._end = take, nbytes  # what follows the oversized frame
+        else:
+            self._end += nbytes
+        self._parse()
+
+    def _parse(self) -> None:
+        buf = self._buf
+        while True:
+            avail = self._end - self._start
+            if not self._need:
+                if avail < wire.HEAD_SIZE:
+                    break
+                head: Head = wire.HEAD.unpack_from(buf, self._start)
+                if head[1] != wire.MAGIC or head[2] != wire.VERSION:
+                    self._reset()
+                    self.on_fatal(ProtocolError(f"bad frame magic/version {head[1]:#x}/{head[2]}"))
+                    return
+                try:
+                    self._need = wire.frame_length(memoryview(buf)[self._start:self._start + 4],
+                                                   self.max_frame) + wire.LENGTH_SIZE
+                except FrameTooLargeError as e:
+                    skip = head[0] + wire.LENGTH_SIZE - avail
+                    if skip > 0:
+                        self._discard = skip
+                        self._start = self._end = 0
+                    else:  # cannot happen with a max frame >= scratch size, but stay exact
+                        self._start += head[0] + wire.LENGTH_SIZE
+                    self.on_oversized(head, e)
+                    if self._discard:
+                        return
+                    continue
+                except ProtocolError as e:
+                    self._reset()
+                    self.on_fatal(e)
+                    return
+            need = self._need
+            if avail < need:
+                break
+            start = self._start
+            if start == 0 and need >= HANDOVER_MIN:
+                # Give this buffer to the frame; move whatever follows into a fresh scratch buffer.
+                data = memoryview(buf)[:need]
+                rest = self._end - need
+                new = bytearray(max(SCRATCH_SIZE, rest + MIN_READ))
+                new[:rest] = memoryview(buf)[need:self._end]
+                self._buf = buf = new
+                self._start, self._end = 0, rest
+            else:
+                data = bytes(memoryview(buf)[start:start + need])
+                self._start = start + need
+                if self._start == self._end:
+                    self._start = self._end = 0
+            self._need = 0
+            try:
+                decoded = wire.decode(data)
+            except ProtocolError as e:
+                self.on_bad_frame(wire.HEAD.unpack_from(data, 0), e)
+                continue
+            self.on_frame(decoded)
+            if self._buf is not buf:  # a callback closed us and reset the buffer
+                return
+
+    def _reset(self) -> None:
+        self._start = self._end = self._need = self._discard = 0
+        self._buf = bytearray(0)
+
+
+def error_for_head(head: Head, err: ProtocolError) -> wire.Frame:
+    """The error response to the request whose head is `head` (its code and request id)."""
+    request = wire.Frame(head[3], head[6], head[4])
+    return request.error_response(err.code, str(err), **err.details)

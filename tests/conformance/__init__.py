@@ -1,0 +1,1 @@
+"""Conformance kits: every plugin of a kind runs through the same tests."""

@@ -1,0 +1,1 @@
+"""The transport conformance kit: every installed transport passes it."""

@@ -1,0 +1,108 @@
+"""Shared pieces of the transport conformance kit: a scripted handler and an event-loop runner.
+
+The handler's behaviour is chosen by the request code, so each test says what it wants from the
+server in the frame itself. Every wait here is bounded in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import uvloop
+
+from equeue_core.contracts import ServerConnection, TransportSettings
+from equeue_core.frame import Frame
+from equeue_core.plugins import get_plugin_manager
+
+ECHO = 1  # response: same header, same body
+SLEEP = 2  # sleeps header["seconds"], then answers
+PUSH = 3  # pushes header["count"] frames to the caller, then answers
+HOLD = 4  # waits on the handler's `release` event (or its cancellation), then answers
+FAIL = 5  # raises
+
+T = TypeVar("T")
+
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+
+
+def transport_names() -> list[str]:
+    return get_plugin_manager().names("equeue_transports")
+
+
+def transport(name: str) -> Any:
+    return get_plugin_manager().transport(name)
+
+
+def run(loop_name: str, main: Callable[[], Awaitable[T]], timeout: float = 60.0) -> T:
+    """Run `main()` on a fresh loop of the given kind, bounded by `timeout` seconds."""
+    async def bounded() -> T:
+        async with asyncio.timeout(timeout):
+            return await main()
+    with asyncio.Runner(loop_factory=LOOPS[loop_name]) as runner:
+        return runner.run(bounded())
+
+
+class ScriptedHandler:
+    """A ServerHandler that does what the request code says and records what it saw."""
+
+    def __init__(self) -> None:
+        self.requests: list[Frame] = []
+        self.oneway: list[Frame] = []
+        self.lost: list[ServerConnection] = []
+        self.connections: dict[int, ServerConnection] = {}
+        self.release = asyncio.Event()
+        self.holding = 0
+        self.cancelled = 0
+
+    async def handle(self, conn: ServerConnection, frame: Frame) -> Frame | None:
+        self.connections[conn.id] = conn
+        if frame.is_oneway:
+            self.oneway.append(Frame(frame.code, frame.request_id, frame.flags, dict(frame.header),
+                                     bytes(frame.body)))
+            return None
+        self.requests.append(frame)
+        if frame.code == ECHO:
+            return frame.response(frame.header, frame.body)
+        if frame.code == SLEEP:
+            await asyncio.sleep(frame.header["seconds"])
+            return frame.response({"slept": frame.header["seconds"]})
+        if frame.code == PUSH:
+            for i in range(frame.header["count"]):
+                conn.push(Frame(PUSH, header={"n": i}, body=b"p" * i))
+            return frame.response({"pushed": frame.header["count"]})
+        if frame.code == HOLD:
+            self.holding += 1
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+            finally:
+                self.holding -= 1
+            return frame.response({"released": True})
+        if frame.code == FAIL:
+            raise RuntimeError("scripted failure")
+        return frame.error_response("unknown_request", f"code {frame.code}")
+
+    def connection_lost(self, conn: ServerConnection) -> None:
+        self.lost.append(conn)
+        self.connections.pop(conn.id, None)
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    """Poll `predicate` every 10 ms until true; AssertionError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        await asyncio.sleep(0.01)
+
+
+def settings(**overrides: Any) -> TransportSettings:
+    return TransportSettings(**overrides)
