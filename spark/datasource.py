@@ -308,13 +308,17 @@ def _broker_address(options: dict[str, str]) -> str:
 
 
 def _check_write_schema(schema: StructType) -> None:
-    from pyspark.sql.types import ArrayType, BinaryType, StringType
+    from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType
 
     fields = {f.name: f.dataType for f in schema.fields}
     if "body" not in fields:
         raise EQueueSparkError(f"writing to equeue needs a 'body' column (binary or string); columns: {sorted(fields)}")
     if not isinstance(fields["body"], (BinaryType, StringType)):
         raise EQueueSparkError(f"column 'body' must be binary or string, not {fields['body'].simpleString()}")
+    if "properties" in fields and not (isinstance(fields["properties"], MapType)
+                                       and isinstance(fields["properties"].keyType, StringType)
+                                       and isinstance(fields["properties"].valueType, StringType)):
+        raise EQueueSparkError("column 'properties' must be map<string,string>")
     for name in ("tag", "routing_key"):
         if name in fields and not isinstance(fields[name], StringType):
             raise EQueueSparkError(f"column {name!r} must be a string, not {fields[name].simpleString()}")
@@ -324,10 +328,13 @@ def _check_write_schema(schema: StructType) -> None:
 
 
 def send_arrow_batches(options: dict[str, str], batches: Iterator[Any]) -> int:
-    """Send every row of the batches to the topic; returns how many were acknowledged.
+    """Send every row of the batches to the topic; returns how many the broker acknowledged.
 
-    Rows without a routing_key go through send_batch in chunks of `batchSize` (default 512);
-    rows with one are sent one by one with it (hash routing keeps per-key order).
+    Rows without a routing_key go out through send_batch in chunks of `batchSize` (default 512),
+    each chunk one frame to one queue (the producer's selector spreads chunks over queues). Rows
+    with a routing_key are sent with it (hash routing: per-key order), batched by the producer's
+    linger, and every future is awaited before the task reports success, so a task that returns
+    has had all its rows stored.
     """
     from equeue_core.client import Message, Producer
 
@@ -336,25 +343,32 @@ def send_arrow_batches(options: dict[str, str], batches: Iterator[Any]) -> int:
     sent = 0
     with Producer(broker=_broker_address(options)) as producer:
         pending: list = []
+        futures: list = []
         for batch in batches:
             cols = batch.schema.names
             body = batch.column("body").to_pylist()
             tags = batch.column("tag").to_pylist() if "tag" in cols else None
             keys = batch.column("keys").to_pylist() if "keys" in cols else None
+            props = batch.column("properties").to_pylist() if "properties" in cols else None
             rkeys = batch.column("routing_key").to_pylist() if "routing_key" in cols else None
             for i, b in enumerate(body):
                 if b is None:
                     raise EQueueSparkError("a row has a null body")
-                if isinstance(b, str):
-                    b = b.encode()
                 k = keys[i] if keys is not None else None
                 if isinstance(k, str):
                     k = [k]
-                msg = Message(topic, b, tag=tags[i] if tags is not None else None, keys=tuple(k or ()))
+                p = props[i] if props is not None else None
+                msg = Message(topic, b, tag=tags[i] if tags is not None else None,
+                              keys=tuple(x for x in (k or ()) if x is not None),
+                              properties=dict(p) if p else None)
                 rk = rkeys[i] if rkeys is not None else None
                 if rk is not None:
-                    producer.send(msg, routing_key=rk)
-                    sent += 1
+                    futures.append(producer.send_async(msg, routing_key=rk))
+                    if len(futures) >= 16 * chunk:
+                        for f in futures:
+                            f.result()
+                        sent += len(futures)
+                        futures = []
                     continue
                 pending.append(msg)
                 if len(pending) >= chunk:
@@ -364,6 +378,10 @@ def send_arrow_batches(options: dict[str, str], batches: Iterator[Any]) -> int:
         if pending:
             producer.send_batch(pending)
             sent += len(pending)
+        producer.flush()
+        for f in futures:
+            f.result()
+        sent += len(futures)
     return sent
 
 
