@@ -1,0 +1,347 @@
+"""The `equeue` command: broker, produce, consume, topics, groups, plugins, spark.
+
+Every expected failure prints one line to stderr and exits 1; only a bug shows a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from equeue_core.errors import EQueueError
+
+DEFAULT_BROKER = "127.0.0.1:10911"
+
+
+class Progress:
+    """A one-line progress display on stderr (only when stderr is a terminal, or forced)."""
+
+    def __init__(self, total: int | None, label: str, enabled: bool | None = None) -> None:
+        self.total = total
+        self.label = label
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.start = time.monotonic()
+        self._last = 0.0
+
+    def update(self, done: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not force and now - self._last < 0.2):
+            return
+        self._last = now
+        rate = done / max(1e-9, now - self.start)
+        if self.total:
+            width = 30
+            filled = int(width * done / self.total)
+            bar = "#" * filled + "-" * (width - filled)
+            sys.stderr.write(f"\r{self.label} [{bar}] {done}/{self.total} {rate:,.0f}/s")
+        else:
+            sys.stderr.write(f"\r{self.label} {done} {rate:,.0f}/s")
+        sys.stderr.flush()
+
+    def finish(self, done: int) -> None:
+        if self.enabled:
+            self.update(done, force=True)
+            sys.stderr.write("\n")
+
+
+# ---------------------------------------------------------------- broker
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from equeue_core import config as config_mod
+    from equeue_core.broker.broker import Broker
+
+    overrides = {"data_dir": args.data_dir, "host": args.host, "port": args.port, "flush": args.flush,
+                 "store": args.store, "transport": args.transport}
+    cfg = config_mod.load(args.config, overrides)
+    logging.basicConfig(level=os.environ.get("EQUEUE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        broker = Broker(cfg)
+        await broker.start()
+        rec = broker.recovery
+        print(f"equeue broker listening on {cfg.transport}://{broker.address[0]}:{broker.address[1]}", flush=True)
+        print(f"  data dir  {os.path.abspath(cfg.data_dir)}", flush=True)
+        print(f"  plugins   store={cfg.store} transport={cfg.transport} flush={cfg.flush}", flush=True)
+        print(f"  recovery  {'clean' if rec.clean else 'after crash'}"
+              f" truncated_bytes={rec.truncated_bytes} rebuilt_entries={rec.rebuilt_entries}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            print("equeue broker stopping: flushing and persisting offsets", flush=True)
+            await broker.stop()
+            print("equeue broker stopped", flush=True)
+
+    _run_loop(main())
+    return 0
+
+
+def _run_loop(coro: Any) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)
+    except ImportError:  # pragma: no cover
+        asyncio.run(coro)
+
+
+# ---------------------------------------------------------------- produce / consume
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from equeue_core.client import Message, Producer
+
+    sent = 0
+    with Producer(args.broker) as producer:
+        if args.count is not None:
+            body = b"x" * args.size
+            progress = Progress(args.count, f"produce {args.topic}", args.progress)
+            batch = max(1, min(args.batch, args.count))
+            while sent < args.count:
+                n = min(batch, args.count - sent)
+                producer.send_batch([Message(args.topic, body, tag=args.tag) for _ in range(n)])
+                sent += n
+                progress.update(sent)
+            progress.finish(sent)
+        else:
+            futures = []
+            for line in sys.stdin:
+                futures.append(producer.send_async(Message(args.topic, line.rstrip("\n").encode(), tag=args.tag)))
+                if len(futures) >= 10_000:
+                    for f in futures:
+                        f.result()
+                    sent += len(futures)
+                    futures.clear()
+            for f in futures:
+                f.result()
+            sent += len(futures)
+    print(f"sent {sent} messages to {args.topic}", file=sys.stderr)
+    return 0
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    from equeue_core.client import Consumer
+
+    done = threading.Event()
+    lock = threading.Lock()
+    count = 0
+    progress = Progress(args.count, f"consume {args.topic}", args.progress if args.quiet else False)
+
+    def handler(m: Any) -> None:
+        nonlocal count
+        with lock:
+            if args.count is not None and count >= args.count:
+                return
+            count += 1
+            c = count
+        if not args.quiet:
+            body = m.body.decode("utf-8", "replace")
+            print(f"{m.topic}\t{m.queue_id}\t{m.queue_offset}\t{m.tag or ''}\t{body}", flush=True)
+        else:
+            progress.update(c)
+        if args.count is not None and c >= args.count:
+            done.set()
+
+    consumer = Consumer(args.group, args.broker, consume_from=args.start, threads=1)
+    consumer.subscribe(args.topic, args.expression)
+    consumer.start(handler)
+    try:
+        deadline = None if args.timeout is None else time.monotonic() + args.timeout
+        while not done.is_set():
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            done.wait(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+    progress.finish(count)
+    if args.quiet:
+        print(count)
+    return 0 if args.count is None or count >= args.count else 2
+
+
+# ---------------------------------------------------------------- admin
+
+def _table(rows: list[list[Any]], header: list[str]) -> str:
+    cells = [header] + [[("" if c is None else str(c)) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    from equeue_core.client import AdminClient
+
+    with AdminClient(args.broker) as admin:
+        if args.action == "create":
+            n = admin.create_topic(args.topic, args.queues)
+            print(f"topic {args.topic}: {n} queues")
+        elif args.action == "delete":
+            admin.delete_topic(args.topic)
+            print(f"topic {args.topic} deleted")
+        else:
+            topics = admin.topics(system=args.system)
+            rows = [[t, info["queues"], sum(hi - lo for lo, hi in info["ranges"]),
+                     " ".join(f"{lo}-{hi}" for lo, hi in info["ranges"])] for t, info in topics.items()]
+            print(_table(rows, ["topic", "queues", "messages", "ranges"]))
+    return 0
+
+
+def cmd_groups(args: argparse.Namespace) -> int:
+    from equeue_core.client import AdminClient
+
+    with AdminClient(args.broker) as admin:
+        if args.action == "reset":
+            to: str | int = args.to if args.to in ("earliest", "latest") else int(args.to)
+            for t, q, off in admin.reset_offsets(args.group, args.topic, to):
+                print(f"{t}\t{q}\t{off}")
+        elif args.action == "dlq":
+            msgs = admin.dlq_messages(args.group, 0, args.count)
+            for m in msgs:
+                print(f"{m.msg_id}\t{m.topic}\t{m.reconsume_times}\t{m.body[:80]!r}")
+            print(f"{len(msgs)} messages in the DLQ of {args.group}", file=sys.stderr)
+        elif args.action == "resend":
+            n = admin.resend_dlq(args.group, args.msg_ids or None)
+            print(f"re-sent {n} messages")
+        else:
+            groups = admin.groups(args.group)
+            if args.json:
+                print(json.dumps(groups, indent=2))
+                return 0
+            for g, info in groups.items():
+                print(f"group {g}: {len(info['members'])} members")
+                for m in info["members"]:
+                    qs = " ".join(f"{t}/{q}" for t, q in m["queues"])
+                    print(f"  {m['client_id']} ({m['mode']}): {qs}")
+                rows = [[r["topic"], r["queue_id"], r["committed"], r["max_offset"], r["lag"], r["owner"]]
+                        for r in info["queues"]]
+                if rows:
+                    print(_table(rows, ["topic", "queue", "committed", "max", "lag", "owner"]))
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from equeue_core.plugins import get_plugin_manager
+
+    for hook, entries in get_plugin_manager().describe().items():
+        print(f"{hook}:")
+        for name, origin in entries:
+            print(f"  {name:<22} {origin}")
+    return 0
+
+
+def cmd_spark(args: argparse.Namespace, rest: list[str]) -> int:
+    try:
+        from equeue_spark.cli import main as spark_main
+    except ImportError as e:
+        raise EQueueError(f"the Spark jobs need the spark extra (pip install 'equeue[spark]'): {e}") from None
+    return int(spark_main(rest) or 0)
+
+
+# ---------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="equeue", description="EQueue for Python: a persistent message broker.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("broker", help="run a broker in the foreground")
+    b.add_argument("--config", help="TOML config file")
+    b.add_argument("--data-dir")
+    b.add_argument("--host")
+    b.add_argument("--port", type=int)
+    b.add_argument("--flush", choices=["sync", "async"])
+    b.add_argument("--store", help="store plugin name (file, lmdb, rocksdb)")
+    b.add_argument("--transport", help="transport plugin name (tcp, zmq)")
+    b.set_defaults(fn=cmd_broker)
+
+    pr = sub.add_parser("produce", help="send messages (--count N --size S, or lines from stdin)")
+    pr.add_argument("--broker", default=DEFAULT_BROKER)
+    pr.add_argument("--topic", required=True)
+    pr.add_argument("--count", type=int)
+    pr.add_argument("--size", type=int, default=100)
+    pr.add_argument("--batch", type=int, default=1000)
+    pr.add_argument("--tag")
+    pr.add_argument("--progress", action="store_true", default=None)
+    pr.set_defaults(fn=cmd_produce)
+
+    c = sub.add_parser("consume", help="print (or count) messages of a topic")
+    c.add_argument("--broker", default=DEFAULT_BROKER)
+    c.add_argument("--topic", required=True)
+    c.add_argument("--group", required=True)
+    c.add_argument("--expression", default="*", help="'*' or 'tagA || tagB'")
+    c.add_argument("--count", type=int, help="exit after N messages")
+    c.add_argument("--start", choices=["first", "last"], default="first")
+    c.add_argument("--timeout", type=float, help="give up after this many seconds")
+    c.add_argument("--quiet", action="store_true", help="count instead of printing")
+    c.add_argument("--progress", action="store_true", default=None)
+    c.set_defaults(fn=cmd_consume)
+
+    t = sub.add_parser("topics", help="list, create or delete topics")
+    t.add_argument("action", choices=["list", "create", "delete"])
+    t.add_argument("topic", nargs="?")
+    t.add_argument("--queues", type=int)
+    t.add_argument("--system", action="store_true", help="include %%RETRY%%, %%DLQ%% and schedule topics")
+    t.add_argument("--broker", default=DEFAULT_BROKER)
+    t.set_defaults(fn=cmd_topics)
+
+    g = sub.add_parser("groups", help="group members, offsets and lag; reset offsets; DLQ")
+    g.add_argument("action", nargs="?", choices=["show", "reset", "dlq", "resend"], default="show")
+    g.add_argument("group", nargs="?")
+    g.add_argument("--topic")
+    g.add_argument("--to", help="earliest, latest or a timestamp in ms (reset)")
+    g.add_argument("--count", type=int, default=100)
+    g.add_argument("--msg-ids", nargs="*")
+    g.add_argument("--json", action="store_true")
+    g.add_argument("--broker", default=DEFAULT_BROKER)
+    g.set_defaults(fn=cmd_groups)
+
+    pl = sub.add_parser("plugins", help="installed plugins per hook")
+    pl.set_defaults(fn=cmd_plugins)
+
+    sub.add_parser("spark", help="Spark jobs: export, report (see `equeue spark --help`)", add_help=False)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["spark"]:
+        try:
+            return cmd_spark(argparse.Namespace(), argv[1:])
+        except EQueueError as e:
+            print(f"equeue: {e}", file=sys.stderr)
+            return 1
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for needed, actions in (("topic", ("create", "delete")),):
+        if getattr(args, "action", None) in actions and not getattr(args, needed, None):
+            parser.error(f"{args.command} {args.action} needs a {needed}")
+    if args.command == "groups" and args.action in ("reset", "dlq", "resend") and not args.group:
+        parser.error(f"groups {args.action} needs a group")
+    if args.command == "groups" and args.action == "reset" and not (args.topic and args.to):
+        parser.error("groups reset needs --topic and --to")
+    try:
+        return int(args.fn(args) or 0)
+    except EQueueError as e:
+        print(f"equeue: {e}", file=sys.stderr)
+        return 1
+    except ConnectionRefusedError as e:
+        print(f"equeue: cannot connect: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""AdminClient: topics, queues, group progress and lag, offset resets, DLQ inspection and re-send."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from equeue_core import record
+from equeue_core.broker.topics import DLQ_PREFIX
+from equeue_core.client.connection import BrokerConnection
+from equeue_core.client.loop import background_loop, run_sync
+from equeue_core.client.message import ReceivedMessage, received_from
+from equeue_core.codes import Code, PullStatus
+from equeue_core.errors import TopicNotFoundError
+
+
+class AsyncAdminClient:
+    def __init__(self, broker: str = "127.0.0.1:10911") -> None:
+        self.broker = broker
+        self._conn: BrokerConnection | None = None
+        self._id_prefix = ""
+
+    async def start(self) -> AsyncAdminClient:
+        self._conn = await BrokerConnection(self.broker).connect()
+        from equeue_core.client.consumer import _id_prefix
+
+        self._id_prefix = _id_prefix((await self.request(Code.BROKER_INFO))["address"])
+        return self
+
+    async def request(self, code: int, header: dict[str, Any] | None = None) -> dict[str, Any]:
+        assert self._conn is not None, "call start() first"
+        return (await self._conn.request(code, header or {})).header
+
+    async def broker_info(self) -> dict[str, Any]:
+        return await self.request(Code.BROKER_INFO)
+
+    async def create_topic(self, topic: str, queues: int | None = None) -> int:
+        h = {"topic": topic} if queues is None else {"topic": topic, "queues": queues}
+        return (await self.request(Code.CREATE_TOPIC, h))["queues"]
+
+    async def delete_topic(self, topic: str) -> None:
+        await self.request(Code.DELETE_TOPIC, {"topic": topic})
+
+    async def topics(self, system: bool = False) -> dict[str, Any]:
+        return (await self.request(Code.LIST_TOPICS, {"system": system}))["topics"]
+
+    async def queue_ranges(self, topic: str) -> list[list[int]]:
+        return (await self.request(Code.QUEUE_RANGES, {"topic": topic}))["ranges"]
+
+    async def groups(self, group: str | None = None) -> dict[str, Any]:
+        return (await self.request(Code.GROUP_INFO, {"group": group} if group else {}))["groups"]
+
+    async def reset_offsets(self, group: str, topic: str, to: str | int) -> list[list[Any]]:
+        return (await self.request(Code.RESET_OFFSETS, {"group": group, "topic": topic, "to": to}))["offsets"]
+
+    async def get_message(self, msg_id: str) -> ReceivedMessage:
+        assert self._conn is not None
+        body = (await self._conn.request(Code.GET_MESSAGE, {"msg_id": msg_id})).body
+        return received_from(body, 0, msg_id[:12])
+
+    async def read_queue(self, topic: str, queue_id: int, offset: int, count: int) -> list[ReceivedMessage]:
+        """Messages of one queue from offset on (no group, no long polling): for inspection."""
+        assert self._conn is not None
+        out: list[ReceivedMessage] = []
+        while len(out) < count:
+            resp = await self._conn.request(Code.PULL, {"group": "%ADMIN%", "topic": topic, "queue_id": queue_id,
+                                                        "offset": offset, "max_count": min(256, count - len(out)),
+                                                        "hold_ms": 0})
+            h = resp.header
+            if h["status"] == PullStatus.OFFSET_RESET:
+                offset = h["next_offset"]
+                continue
+            if not h["count"]:
+                break
+            out.extend(received_from(resp.body, s, self._id_prefix) for s in record.scan(resp.body))
+            offset = h["next_offset"]
+        return out
+
+    async def dlq_messages(self, group: str, offset: int = 0, count: int = 100) -> list[ReceivedMessage]:
+        try:
+            return await self.read_queue(DLQ_PREFIX + group, 0, offset, count)
+        except TopicNotFoundError:
+            return []
+
+    async def resend_dlq(self, group: str, msg_ids: list[str] | None = None) -> int:
+        """Send DLQ messages (all, or those ids) back to their original topics. Returns how many."""
+        from equeue_core.client.message import Message
+        from equeue_core.client.producer import AsyncProducer
+
+        msgs = await self.dlq_messages(group, 0, 1_000_000)
+        if msg_ids is not None:
+            wanted = set(msg_ids)
+            msgs = [m for m in msgs if m.msg_id in wanted]
+        if not msgs:
+            return 0
+        async with AsyncProducer(self.broker) as producer:
+            for m in msgs:
+                props = {k: v for k, v in m.properties.items() if k not in ("RETRY_TOPIC", "ORIGIN_MSG_ID")}
+                await producer.send_batch([Message(m.topic, m.body, m.tag, m.keys, props or None)])
+        return len(msgs)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+
+
+class AdminClient:
+    """Blocking admin client; every method mirrors AsyncAdminClient."""
+
+    def __init__(self, broker: str = "127.0.0.1:10911") -> None:
+        background_loop()
+        self._async = AsyncAdminClient(broker)
+        run_sync(self._async.start())
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._async, name)
+        if not callable(fn):
+            return fn
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return run_sync(fn(*args, **kwargs))
+
+        return call
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,74 @@
+"""A client's connection to one broker: transport by address scheme, errors back into exceptions."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from equeue_core.client.address import Address, parse_address
+from equeue_core.contracts import ClientConnection, TransportSettings
+from equeue_core.errors import ClientClosedError, EQueueError, error_for_code
+from equeue_core.frame import Frame
+from equeue_core.plugins import get_plugin_manager
+
+log = logging.getLogger("equeue.client")
+
+DEFAULT_TIMEOUT = 30.0
+
+
+def raise_for_error(frame: Frame) -> Frame:
+    """Return a normal response frame; raise the typed error an error frame carries."""
+    if frame.is_error:
+        h = frame.header if isinstance(frame.header, dict) else {}
+        code = str(h.get("error", "error"))
+        details = h.get("details") if isinstance(h.get("details"), dict) else {}
+        raise error_for_code(code)(str(h.get("message", code)), **details)
+    return frame
+
+
+class BrokerConnection:
+    """Requests to one broker. Reconnects are the transport's job; this maps frames to results."""
+
+    def __init__(self, address: str | Address, settings: TransportSettings | None = None,
+                 on_push: Callable[[Frame], Any] | None = None) -> None:
+        self.address = parse_address(address) if isinstance(address, str) else address
+        self.settings = settings or TransportSettings()
+        self._on_push = on_push
+        self._conn: ClientConnection | None = None
+        self._closed = False
+
+    async def connect(self) -> BrokerConnection:
+        transport = get_plugin_manager().transport(self.address.transport)
+        self._conn = await transport.connect(self.address.host, self.address.port, self.settings,
+                                             self._push)
+        return self
+
+    def _push(self, frame: Frame) -> None:
+        if self._on_push is not None:
+            try:
+                self._on_push(frame)
+            except Exception:
+                log.exception("push handler failed")
+
+    async def request(self, code: int, header: dict[str, Any] | None = None, body: bytes = b"",
+                      timeout: float = DEFAULT_TIMEOUT) -> Frame:
+        if self._closed or self._conn is None:
+            raise ClientClosedError("the connection is closed")
+        resp = await self._conn.request(Frame(int(code), 0, 0, header or {}, body), timeout)
+        return raise_for_error(resp)
+
+    async def oneway(self, code: int, header: dict[str, Any] | None = None, body: bytes = b"") -> None:
+        if self._closed or self._conn is None:
+            raise ClientClosedError("the connection is closed")
+        from equeue_core.frame import FLAG_ONEWAY
+
+        await self._conn.send_oneway(Frame(int(code), 0, FLAG_ONEWAY, header or {}, body))
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._conn is not None:
+            try:
+                await self._conn.close()
+            except EQueueError:
+                pass

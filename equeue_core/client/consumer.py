@@ -1,0 +1,586 @@
+"""Consumers: clustering or broadcasting, concurrent or orderly, with retry through the broker.
+
+A clustering consumer heartbeats its group, spreads the group's queues over the members with the
+allocation strategy (at start, every rebalance_interval, and at once when the broker says the
+group changed), and runs one long-polling pull loop per assigned queue. Pulled messages sit in a
+ProcessQueue until handled; the committed offset is the smallest one still in flight, so a slow or
+failing message holds it back but never blocks the others. A failed message is sent back to the
+broker (retry topic with a growing delay, then the dead-letter topic) and the window moves on.
+Orderly consumers lock their queues on the broker and handle one message at a time per queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from equeue_core import record
+from equeue_core.broker.topics import RETRY_PREFIX
+from equeue_core.client.connection import BrokerConnection
+from equeue_core.client.loop import background_loop, run_sync
+from equeue_core.client.message import ReceivedMessage, received_from
+from equeue_core.client.process_queue import ProcessQueue
+from equeue_core.codes import Code, PullStatus
+from equeue_core.errors import ClientClosedError, ConfigError, EQueueError, TopicNotFoundError
+from equeue_core.frame import Frame
+from equeue_core.plugins import get_plugin_manager
+
+log = logging.getLogger("equeue.consumer")
+
+MiB = 1024 * 1024
+QueueKey = tuple[str, int]
+
+
+def parse_expression(expression: str) -> tuple[frozenset[str] | None, list[int] | None]:
+    """`*` -> (None, None); `a || b` -> ({'a','b'}, [tag_hash(a), tag_hash(b)])."""
+    expr = (expression or "*").strip()
+    if expr in ("", "*"):
+        return None, None
+    tags = frozenset(t.strip() for t in expr.split("||") if t.strip())
+    if not tags:
+        raise ConfigError(f"subscription expression {expression!r} names no tag")
+    return tags, sorted(record.tag_hash(t) for t in tags)
+
+
+class AsyncConsumer:
+    def __init__(self, group: str, broker: str = "127.0.0.1:10911", *, mode: str = "clustering",
+                 consume_from: str | int = "last", allocation: str = "averagely", orderly: bool = False,
+                 consume_batch_size: int = 1, threads: int = 8, pull_batch: int = 32,
+                 max_reconsume_times: int = 16, consume_timeout: float = 900.0,
+                 heartbeat_interval: float = 10.0, rebalance_interval: float = 20.0,
+                 commit_interval: float = 5.0, lock_interval: float = 20.0, suspend_seconds: float = 1.0,
+                 offset_dir: str = ".equeue-offsets", client_id: str | None = None,
+                 flow_max_messages: int = 1000, flow_max_bytes: int = 100 * MiB, flow_max_span: int = 2000,
+                 hold_ms: int = 15000) -> None:
+        if mode not in ("clustering", "broadcasting"):
+            raise ConfigError(f"mode must be 'clustering' or 'broadcasting', not {mode!r}")
+        if not (consume_from in ("first", "last") or isinstance(consume_from, int)):
+            raise ConfigError("consume_from must be 'first', 'last' or a timestamp in ms")
+        self.group = group
+        self.broker = broker
+        self.mode = mode
+        self.consume_from = consume_from
+        self.strategy = get_plugin_manager().allocation_strategy(allocation)
+        self.orderly = orderly
+        self.consume_batch_size = max(1, consume_batch_size)
+        self.threads = threads
+        self.pull_batch = pull_batch
+        self.max_reconsume_times = max_reconsume_times
+        self.consume_timeout = consume_timeout
+        self.heartbeat_interval = heartbeat_interval
+        self.rebalance_interval = rebalance_interval
+        self.commit_interval = commit_interval
+        self.lock_interval = lock_interval
+        self.suspend_seconds = suspend_seconds
+        self.offset_dir = offset_dir
+        self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
+        self.flow = (flow_max_messages, flow_max_bytes, flow_max_span)
+        self.hold_ms = hold_ms
+        self.subscriptions: dict[str, str] = {}
+        self._filters: dict[str, tuple[frozenset[str] | None, list[int] | None]] = {}
+        self.queues: dict[QueueKey, ProcessQueue] = {}
+        self._tasks: dict[QueueKey, list[asyncio.Task]] = {}
+        self._background: list[asyncio.Task] = []
+        self._work: set[asyncio.Future] = set()
+        self._handler: Callable[..., Any] | None = None
+        self._is_async = False
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._conn: BrokerConnection | None = None
+        self._id_prefix = ""
+        self._members: list[str] = []
+        self._rebalance_lock = asyncio.Lock()
+        self._rebalance_soon: asyncio.TimerHandle | None = None
+        self._running = False
+        self.stats = {"handled": 0, "failed": 0, "sent_back": 0}
+
+    # ---------------------------------------------------------------- setup
+
+    def subscribe(self, topic: str, expression: str = "*") -> AsyncConsumer:
+        self._filters[topic] = parse_expression(expression)
+        self.subscriptions[topic] = expression or "*"
+        return self
+
+    def _all_topics(self) -> dict[str, str]:
+        topics = dict(self.subscriptions)
+        if self.mode == "clustering":
+            topics[RETRY_PREFIX + self.group] = "*"
+        return topics
+
+    async def start(self, handler: Callable[..., Any]) -> AsyncConsumer:
+        if not self.subscriptions:
+            raise ConfigError("subscribe to at least one topic before start()")
+        self._handler = handler
+        self._is_async = inspect.iscoroutinefunction(handler)
+        if not self._is_async:
+            self._pool = concurrent.futures.ThreadPoolExecutor(self.threads, thread_name_prefix=f"equeue-{self.group}")
+        self._conn = await BrokerConnection(self.broker, on_push=self._on_push).connect()
+        info = (await self._conn.request(Code.BROKER_INFO)).header
+        self._id_prefix = _id_prefix(info["address"])
+        self._running = True
+        await self._heartbeat()
+        await self.rebalance()
+        loop = asyncio.get_running_loop()
+        self._background = [loop.create_task(self._every(self.heartbeat_interval, self._heartbeat)),
+                            loop.create_task(self._every(self.rebalance_interval, self.rebalance)),
+                            loop.create_task(self._every(self.commit_interval, self.commit))]
+        if self.orderly:
+            self._background.append(loop.create_task(self._every(self.lock_interval, self._lock_all)))
+        return self
+
+    async def _every(self, interval: float, fn: Callable[[], Any]) -> None:
+        while self._running:
+            await asyncio.sleep(interval)
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                raise
+            except EQueueError as e:
+                log.warning("%s: %s", getattr(fn, "__name__", fn), e)
+            except Exception:
+                log.exception("%s failed", getattr(fn, "__name__", fn))
+
+    def _on_push(self, frame: Frame) -> None:
+        if frame.code == Code.GROUP_CHANGED and self._running:
+            self.rebalance_soon(0.0)
+
+    def rebalance_soon(self, delay: float = 0.0) -> None:
+        loop = asyncio.get_running_loop()
+        if self._rebalance_soon is not None:
+            self._rebalance_soon.cancel()
+        self._rebalance_soon = loop.call_later(delay, lambda: loop.create_task(self._safe_rebalance()))
+
+    async def _safe_rebalance(self) -> None:
+        try:
+            await self.rebalance()
+        except EQueueError as e:
+            log.warning("rebalance failed: %s", e)
+
+    async def _heartbeat(self) -> None:
+        assert self._conn is not None
+        h = (await self._conn.request(Code.HEARTBEAT, {
+            "client_id": self.client_id, "group": self.group, "mode": self.mode,
+            "subscriptions": self._all_topics(),
+            "queues": [[t, q] for t, q in sorted(self.queues)]})).header
+        members = h.get("members", [])
+        if members != self._members and self._members:
+            self._members = members
+            self.rebalance_soon(0.0)
+        self._members = members
+
+    # ---------------------------------------------------------------- rebalance
+
+    async def rebalance(self) -> None:
+        """Recompute this consumer's queues; stop the ones it lost, start the ones it gained."""
+        if not self._running:
+            return
+        assert self._conn is not None
+        async with self._rebalance_lock:
+            if self.mode == "clustering":
+                self._members = (await self._conn.request(Code.GROUP_MEMBERS, {"group": self.group})).header["members"]
+                if self.client_id not in self._members:
+                    await self._heartbeat()
+            wanted: set[QueueKey] = set()
+            for topic in self._all_topics():
+                try:
+                    n = (await self._conn.request(Code.ROUTE, {"topic": topic})).header["queues"]
+                except TopicNotFoundError:
+                    continue
+                queues = [(topic, q) for q in range(n)]
+                if self.mode == "broadcasting":
+                    wanted.update(queues)
+                else:
+                    wanted.update(self.strategy(self.client_id, queues, self._members or [self.client_id]))
+            for key in sorted(set(self.queues) - wanted):
+                await self._drop_queue(key)
+            added = sorted(wanted - set(self.queues))
+            for key in added:
+                await self._add_queue(key)
+            if added or len(wanted) != len(self.queues):
+                log.info("%s now consumes %d queues", self.client_id, len(self.queues))
+            if added and self.orderly:
+                await self._lock_all()
+            if added:
+                await self._heartbeat()
+
+    async def _start_offset(self, topic: str, queue_id: int) -> int:
+        assert self._conn is not None
+        if self.mode == "broadcasting":
+            local = self._load_local_offsets().get(f"{topic}:{queue_id}")
+            h = (await self._conn.request(Code.QUERY_OFFSET, {"group": self.group, "topic": topic,
+                                                               "queue_id": queue_id})).header
+            if local is not None:
+                return max(int(local), h["min_offset"])
+        else:
+            h = (await self._conn.request(Code.QUERY_OFFSET, {"group": self.group, "topic": topic,
+                                                               "queue_id": queue_id})).header
+            if h["offset"] is not None:
+                return max(h["offset"], h["min_offset"])
+        if topic.startswith(RETRY_PREFIX) or self.consume_from == "first":
+            return h["min_offset"]
+        if self.consume_from == "last":
+            return h["max_offset"]
+        return (await self._conn.request(Code.OFFSET_FOR_TIME, {"topic": topic, "queue_id": queue_id,
+                                                                 "ts_ms": int(self.consume_from)})).header["offset"]
+
+    async def _add_queue(self, key: QueueKey) -> None:
+        topic, q = key
+        pq = ProcessQueue(topic, q, await self._start_offset(topic, q))
+        pq.last_committed = pq.next_offset
+        self.queues[key] = pq
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self._pull_loop(pq))]
+        if self.orderly:
+            tasks.append(loop.create_task(self._orderly_loop(pq)))
+        self._tasks[key] = tasks
+
+    async def _drop_queue(self, key: QueueKey) -> None:
+        pq = self.queues.pop(key)
+        pq.dropped = True
+        tasks = self._tasks.pop(key, [])
+        for t in tasks[:1]:  # the pull loop stops now; an orderly handler finishes its message
+            t.cancel()
+        if self.orderly and len(tasks) > 1:
+            try:
+                await asyncio.wait_for(asyncio.shield(tasks[1]), 10)
+            except (TimeoutError, asyncio.CancelledError):
+                tasks[1].cancel()
+        await self._commit_queues([pq])
+        if self.orderly and self._conn is not None:
+            await self._conn.request(Code.UNLOCK_QUEUES, {"group": self.group, "client_id": self.client_id,
+                                                          "queues": [[pq.topic, pq.queue_id]]})
+
+    async def _lock_all(self) -> None:
+        if not self.queues or self._conn is None:
+            return
+        h = (await self._conn.request(Code.LOCK_QUEUES, {
+            "group": self.group, "client_id": self.client_id,
+            "queues": [[t, q] for t, q in self.queues]})).header
+        locked = {(t, q) for t, q in h["locked"]}
+        for key, pq in self.queues.items():
+            pq.locked = key in locked
+
+    # ---------------------------------------------------------------- pulling
+
+    async def _pull_loop(self, pq: ProcessQueue) -> None:
+        assert self._conn is not None
+        tags, hashes = self._filters.get(pq.topic, (None, None))
+        header: dict[str, Any] = {"group": self.group, "topic": pq.topic, "queue_id": pq.queue_id,
+                                  "max_count": self.pull_batch, "hold_ms": self.hold_ms}
+        if hashes:
+            header["tags"] = hashes
+        backoff = 0.0
+        while self._running and not pq.dropped:
+            if pq.is_full(*self.flow) or (self.orderly and not pq.locked):
+                await asyncio.sleep(0.05)
+                continue
+            header["offset"] = pq.next_offset
+            try:
+                resp = await self._conn.request(Code.PULL, header, timeout=self.hold_ms / 1000 + 15)
+            except asyncio.CancelledError:
+                raise
+            except ClientClosedError:
+                return
+            except EQueueError as e:
+                backoff = min(5.0, backoff * 2 or 0.2)
+                log.warning("pull %s/%d failed: %s; retrying in %.1fs", pq.topic, pq.queue_id, e, backoff)
+                await asyncio.sleep(backoff)
+                continue
+            backoff = 0.0
+            if pq.dropped:
+                return
+            h = resp.header
+            if h["status"] == PullStatus.OFFSET_RESET:
+                log.warning("offset %d of %s/%d is out of range; moving to %d",
+                            pq.next_offset, pq.topic, pq.queue_id, h["next_offset"])
+                pq.next_offset = h["next_offset"]
+                continue
+            if h["count"]:
+                body = resp.body
+                msgs = [received_from(body, s, self._id_prefix) for s in record.scan(body)]
+                if tags is not None:
+                    msgs = [m for m in msgs if m.tag in tags]
+                pq.next_offset = h["next_offset"]
+                if msgs:
+                    pq.add(msgs)
+                    if self.orderly:
+                        pq.pending.extend(msgs)
+                    else:
+                        self._dispatch(pq, msgs)
+            else:
+                pq.next_offset = h["next_offset"]
+
+    # ---------------------------------------------------------------- handling
+
+    def _run_chunk(self, msgs: list[ReceivedMessage], results: list[bool | None]) -> None:
+        """Runs on a worker thread: call the handler, record success or failure per message."""
+        handler = self._handler
+        assert handler is not None
+        if self.consume_batch_size > 1:
+            for i in range(0, len(msgs), self.consume_batch_size):
+                part = msgs[i:i + self.consume_batch_size]
+                try:
+                    handler(part)
+                    ok = True
+                except Exception:
+                    log.exception("handler failed on a batch of %d", len(part))
+                    ok = False
+                for j in range(i, i + len(part)):
+                    results[j] = ok
+            return
+        for i, m in enumerate(msgs):
+            try:
+                handler(m)
+                results[i] = True
+            except Exception as e:
+                log.info("handler failed on %s/%d@%d: %r", m.topic, m.queue_id, m.queue_offset, e)
+                results[i] = False
+
+    async def _run_chunk_async(self, msgs: list[ReceivedMessage], results: list[bool | None]) -> None:
+        handler = self._handler
+        assert handler is not None
+        step = self.consume_batch_size
+        for i in range(0, len(msgs), step):
+            part = msgs[i:i + step]
+            try:
+                await handler(part if step > 1 else part[0])
+                ok = True
+            except Exception as e:
+                log.info("handler failed: %r", e)
+                ok = False
+            for j in range(i, i + len(part)):
+                results[j] = ok
+
+    async def _handle(self, msgs: list[ReceivedMessage]) -> list[bool]:
+        """Run the handler over msgs; a message not finished within consume_timeout counts as failed."""
+        results: list[bool | None] = [None] * len(msgs)
+        if self._is_async:
+            work: asyncio.Future = asyncio.ensure_future(self._run_chunk_async(msgs, results))
+        else:
+            work = asyncio.get_running_loop().run_in_executor(self._pool, self._run_chunk, msgs, results)
+        try:
+            await asyncio.wait_for(asyncio.shield(work), self.consume_timeout)
+        except TimeoutError:
+            log.warning("handler ran past consume_timeout (%.0fs): unfinished messages count as failed",
+                        self.consume_timeout)
+        return [r is True for r in results]
+
+    def _dispatch(self, pq: ProcessQueue, msgs: list[ReceivedMessage]) -> None:
+        task = asyncio.ensure_future(self._consume(pq, msgs))
+        self._work.add(task)
+        task.add_done_callback(self._work.discard)
+
+    async def _consume(self, pq: ProcessQueue, msgs: list[ReceivedMessage]) -> None:
+        oks = await self._handle(msgs)
+        failed = []
+        for m, ok in zip(msgs, oks, strict=True):
+            if ok:
+                pq.done(m)
+            else:
+                failed.append(m)
+        self.stats["handled"] += len(msgs) - len(failed)
+        self.stats["failed"] += len(failed)
+        if failed and not pq.dropped:
+            await self._send_back_or_retry(pq, failed)
+
+    async def _send_back_or_retry(self, pq: ProcessQueue, failed: list[ReceivedMessage]) -> None:
+        if self.mode == "broadcasting":
+            retry = [m for m in failed if m.reconsume_times < self.max_reconsume_times]
+            for m in failed:
+                if m not in retry:
+                    log.warning("broadcasting: dropping %s after %d failures", m.msg_id, m.reconsume_times)
+                    pq.done(m)
+            for m in retry:
+                m.reconsume_times += 1
+            if retry:
+                await asyncio.sleep(self.suspend_seconds)
+                self._dispatch(pq, retry)
+            return
+        local_retry = []
+        for m in failed:
+            if await self._send_back(m, None):
+                pq.done(m)
+            else:
+                local_retry.append(m)
+        if local_retry:  # the broker did not take them: keep them in the window and try here again
+            await asyncio.sleep(self.suspend_seconds)
+            if not pq.dropped:
+                self._dispatch(pq, local_retry)
+
+    async def _send_back(self, m: ReceivedMessage, delay_level: int | None) -> bool:
+        assert self._conn is not None
+        header: dict[str, Any] = {"group": self.group, "msg_id": m.msg_id,
+                                  "max_reconsume": self.max_reconsume_times}
+        if delay_level is not None:
+            header["delay_level"] = delay_level
+        try:
+            await self._conn.request(Code.SEND_BACK, header)
+        except EQueueError as e:
+            log.warning("send-back of %s failed: %s", m.msg_id, e)
+            return False
+        self.stats["sent_back"] += 1
+        if (RETRY_PREFIX + self.group, 0) not in self.queues:
+            self.rebalance_soon(0.5)
+        return True
+
+    async def _orderly_loop(self, pq: ProcessQueue) -> None:
+        """One message at a time, in offset order; a failure suspends the queue and retries it
+        locally up to max_reconsume_times, then the message goes to the DLQ and the queue moves on."""
+        while self._running and not pq.dropped:
+            if not pq.pending or not pq.locked:
+                await asyncio.sleep(0.01 if pq.pending else 0.02)
+                continue
+            m = pq.pending[0]
+            failures = 0
+            while True:
+                ok = (await self._handle([m]))[0]
+                if ok:
+                    break
+                failures += 1
+                self.stats["failed"] += 1
+                if failures > self.max_reconsume_times:
+                    while not await self._send_back(m, -1) and self._running:
+                        await asyncio.sleep(self.suspend_seconds)
+                    break
+                m.reconsume_times += 1
+                await asyncio.sleep(self.suspend_seconds)
+            self.stats["handled"] += 1
+            pq.pending.popleft()
+            pq.done(m)
+
+    # ---------------------------------------------------------------- offsets
+
+    async def commit(self) -> None:
+        await self._commit_queues(list(self.queues.values()))
+
+    async def _commit_queues(self, queues: list[ProcessQueue]) -> None:
+        changed = [(pq, pq.committable()) for pq in queues]
+        changed = [(pq, off) for pq, off in changed if off != pq.last_committed]
+        if not changed:
+            return
+        if self.mode == "broadcasting":
+            offsets = self._load_local_offsets()
+            offsets.update({f"{pq.topic}:{pq.queue_id}": off for pq, off in changed})
+            self._save_local_offsets(offsets)
+        else:
+            assert self._conn is not None
+            await self._conn.request(Code.COMMIT_OFFSETS, {
+                "group": self.group, "offsets": [[pq.topic, pq.queue_id, off] for pq, off in changed]})
+        for pq, off in changed:
+            pq.last_committed = off
+
+    def _local_offsets_path(self) -> str:
+        return os.path.join(self.offset_dir, f"{self.group}.offsets.json")
+
+    def _load_local_offsets(self) -> dict[str, int]:
+        try:
+            with open(self._local_offsets_path()) as f:
+                return {str(k): int(v) for k, v in json.load(f).items()}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"broadcast offsets file {self._local_offsets_path()} is unreadable: {e}") from None
+
+    def _save_local_offsets(self, offsets: dict[str, int]) -> None:
+        os.makedirs(self.offset_dir, exist_ok=True)
+        path = self._local_offsets_path()
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(offsets, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    # ---------------------------------------------------------------- shutdown
+
+    async def close(self, drain_timeout: float = 30.0) -> None:
+        """Stop pulling, let in-flight handlers finish (up to drain_timeout), commit, leave the group."""
+        if not self._running:
+            return
+        self._running = False
+        if self._rebalance_soon is not None:
+            self._rebalance_soon.cancel()
+        for t in self._background:
+            t.cancel()
+        pulls = [ts[0] for ts in self._tasks.values()]
+        for t in pulls:
+            t.cancel()
+        deadline = time.monotonic() + drain_timeout
+        while self._work and time.monotonic() < deadline:
+            await asyncio.wait(list(self._work), timeout=max(0.0, deadline - time.monotonic()))
+        orderly = [ts[1] for ts in self._tasks.values() if len(ts) > 1]
+        for t in orderly:
+            t.cancel()
+        await asyncio.gather(*self._background, *pulls, *orderly, return_exceptions=True)
+        try:
+            await self.commit()
+            if self._conn is not None and self.mode == "clustering":
+                if self.orderly and self.queues:
+                    await self._conn.request(Code.UNLOCK_QUEUES, {
+                        "group": self.group, "client_id": self.client_id,
+                        "queues": [[t, q] for t, q in self.queues]})
+                await self._conn.request(Code.UNREGISTER, {"group": self.group, "client_id": self.client_id})
+        except EQueueError as e:
+            log.warning("closing consumer: %s", e)
+        finally:
+            if self._conn is not None:
+                await self._conn.close()
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _id_prefix(address: str) -> str:
+    from equeue_core import msgid
+    from equeue_core.client.address import parse_address
+
+    a = parse_address(address)
+    return msgid.encode_prefix(a.host, a.port)
+
+
+class Consumer:
+    """The blocking consumer: `Consumer(group, broker=...)`, `subscribe(topic, expression="*")`,
+    `start(handler)` (returns at once; consumption runs in the background), `close()`.
+    A handler gets a ReceivedMessage; raising means the message failed."""
+
+    def __init__(self, group: str, broker: str = "127.0.0.1:10911", **options: Any) -> None:
+        background_loop()
+        self._async = AsyncConsumer(group, broker, **options)
+
+    @property
+    def client_id(self) -> str:
+        return self._async.client_id
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return self._async.stats
+
+    def assigned_queues(self) -> list[QueueKey]:
+        return sorted(self._async.queues)
+
+    def subscribe(self, topic: str, expression: str = "*") -> Consumer:
+        self._async.subscribe(topic, expression)
+        return self
+
+    def start(self, handler: Callable[[ReceivedMessage], Any]) -> Consumer:
+        run_sync(self._async.start(handler))
+        return self
+
+    def commit(self) -> None:
+        run_sync(self._async.commit())
+
+    def close(self) -> None:
+        run_sync(self._async.close())
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

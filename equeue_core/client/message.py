@@ -1,0 +1,83 @@
+"""What users send and receive."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from equeue_core import record
+from equeue_core.errors import InvalidMessageError
+
+
+@dataclass(slots=True)
+class Message:
+    """A message to send. `body` is bytes (a str is sent as UTF-8).
+
+    delay_level (1-based, see the broker's delay_levels) or deliver_at (datetime or epoch ms)
+    hold the message on the broker until it is due.
+    """
+
+    topic: str
+    body: bytes | str
+    tag: str | None = None
+    keys: Sequence[str] = ()
+    properties: dict[str, str] | None = None
+    delay_level: int | None = None
+    deliver_at: _dt.datetime | int | None = None
+
+    def encode(self, queue_id: int = 0) -> bytes:
+        body = self.body.encode() if isinstance(self.body, str) else self.body
+        if isinstance(self.keys, str):
+            keys: Sequence[str] = (self.keys,)
+        else:
+            keys = tuple(self.keys)
+        if self.properties is not None and not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.properties.items()):
+            raise InvalidMessageError("properties must map str to str")
+        return record.encode_record(self.topic, body, self.tag, keys, self.properties, queue_id)
+
+    def deliver_at_ms(self) -> int | None:
+        if self.deliver_at is None:
+            return None
+        if isinstance(self.deliver_at, _dt.datetime):
+            d = self.deliver_at
+            if d.tzinfo is None:
+                d = d.astimezone()
+            return int(d.timestamp() * 1000)
+        return int(self.deliver_at)
+
+
+@dataclass(slots=True)
+class SendResult:
+    msg_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+
+
+@dataclass(slots=True)
+class ReceivedMessage:
+    """A consumed message. For a message redelivered from the group's retry topic, `topic` is the
+    original topic and `reconsume_times` counts earlier failures."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    msg_id: str
+    tag: str | None
+    keys: tuple[str, ...]
+    properties: dict[str, str]
+    body: bytes
+    born_ts: int
+    store_ts: int
+    reconsume_times: int = 0
+    source_topic: str = field(default="")  # the topic it was pulled from (a retry topic for retries)
+
+
+def received_from(buf: bytes | memoryview, start: int, id_prefix: str) -> ReceivedMessage:
+    m = record.decode(buf, start)
+    topic = m.properties.get("RETRY_TOPIC", m.topic) if m.topic.startswith("%RETRY%") else m.topic
+    return ReceivedMessage(topic, m.queue_id, m.queue_offset, f"{id_prefix}{m.position:016X}", m.tag,
+                           m.keys, m.properties, m.body, m.born_ts, m.store_ts, m.reconsume_times,
+                           m.topic)

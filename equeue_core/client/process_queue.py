@@ -1,0 +1,50 @@
+"""ProcessQueue: the messages of one assigned queue that were pulled and are not finished yet.
+
+The committable offset is the smallest offset still in flight (a slow or failing message holds it
+back) or, when nothing is in flight, the next offset to pull, so messages skipped by a tag filter
+are committed too. Messages are added in offset order and a dict keeps insertion order, so the
+first key is always the smallest in-flight offset.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from equeue_core.client.message import ReceivedMessage
+
+
+class ProcessQueue:
+    def __init__(self, topic: str, queue_id: int, next_offset: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.next_offset = next_offset  # the next offset to pull
+        self.in_flight: dict[int, ReceivedMessage] = {}
+        self.bytes = 0
+        self.pending: deque[ReceivedMessage] = deque()  # orderly: pulled, not yet handed out
+        self.dropped = False
+        self.locked = False
+        self.last_committed: int | None = None
+
+    def add(self, messages: list[ReceivedMessage]) -> None:
+        for m in messages:
+            self.in_flight[m.queue_offset] = m
+            self.bytes += len(m.body)
+
+    def done(self, message: ReceivedMessage) -> None:
+        if self.in_flight.pop(message.queue_offset, None) is not None:
+            self.bytes -= len(message.body)
+
+    def committable(self) -> int:
+        for offset in self.in_flight:
+            return offset
+        return self.next_offset
+
+    def span(self) -> int:
+        for offset in self.in_flight:
+            return self.next_offset - offset
+        return 0
+
+    def is_full(self, max_messages: int, max_bytes: int, max_span: int) -> bool:
+        """Flow control: stop pulling this queue while any limit is passed."""
+        return (len(self.in_flight) >= max_messages or self.bytes >= max_bytes
+                or self.span() >= max_span)

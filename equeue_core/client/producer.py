@@ -1,0 +1,302 @@
+"""Producers: route each message to a queue, batch per queue, send a batch as one frame.
+
+A batch body is the stored record layout already (record.py), so the broker stamps and appends it
+without re-encoding. `send` waits for its own result; `send_async` returns a future and lets
+messages sent within `linger_ms` of each other (or up to `max_batch_bytes`) share one frame;
+`send_batch` sends a list as one frame per topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from equeue_core import record
+from equeue_core.client.connection import DEFAULT_TIMEOUT, BrokerConnection
+from equeue_core.client.loop import background_loop, run_sync
+from equeue_core.client.message import Message, SendResult
+from equeue_core.codes import Code
+from equeue_core.errors import ClientClosedError, InvalidMessageError, TransportError
+from equeue_core.plugins import get_plugin_manager
+
+log = logging.getLogger("equeue.producer")
+
+ROUTE_TTL_S = 30.0
+MAX_FRAME_BODY = 15 * 1024 * 1024
+
+
+@dataclass
+class _Route:
+    queues: list[int]
+    id_prefix: str
+    fetched: float
+
+
+@dataclass
+class _OpenBatch:
+    parts: list[bytes] = field(default_factory=list)
+    futures: list[concurrent.futures.Future] = field(default_factory=list)
+    size: int = 0
+
+
+class AsyncProducer:
+    """The asyncio producer; also the engine of the blocking Producer (on the background loop)."""
+
+    def __init__(self, broker: str = "127.0.0.1:10911", selector: str = "round_robin",
+                 linger_ms: float = 1.0, max_batch_bytes: int = 512 * 1024,
+                 send_timeout: float = DEFAULT_TIMEOUT, retries: int = 2,
+                 max_in_flight: int = 200_000) -> None:
+        self.broker = broker
+        self.linger = linger_ms / 1000.0
+        self.max_batch_bytes = max_batch_bytes
+        self.send_timeout = send_timeout
+        self.retries = retries
+        self._default_selector = get_plugin_manager().queue_selector(selector)()
+        self._hash_selector = get_plugin_manager().queue_selector("hash")()
+        self._routes: dict[str, _Route] = {}
+        self._conn: BrokerConnection | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        self._open: dict[tuple[str, int], _OpenBatch] = {}
+        self._in_flight = threading.BoundedSemaphore(max_in_flight)
+        self._tasks: set[asyncio.Future] = set()
+        self._closed = False
+
+    async def start(self) -> AsyncProducer:
+        self._loop = asyncio.get_running_loop()
+        self._conn = await BrokerConnection(self.broker).connect()
+        return self
+
+    # ---------------------------------------------------------------- routing
+
+    async def route(self, topic: str, refresh: bool = False) -> _Route:
+        r = self._routes.get(topic)
+        if r is None or refresh or time.monotonic() - r.fetched > ROUTE_TTL_S:
+            assert self._conn is not None, "call start() first"
+            h = (await self._conn.request(Code.ROUTE, {"topic": topic, "create": True})).header
+            r = self._routes[topic] = _Route(list(range(h["queues"])), h["id_prefix"], time.monotonic())
+        return r
+
+    def _select(self, route: _Route, routing_key: str | None) -> int:
+        if routing_key is not None:
+            return self._hash_selector.select(route.queues, routing_key)
+        return self._default_selector.select(route.queues, None)
+
+    # ---------------------------------------------------------------- batching
+
+    def _enqueue(self, route: _Route, message: Message, routing_key: str | None) -> concurrent.futures.Future:
+        """Add a message to its queue's open batch (any thread); returns its result future."""
+        if self._closed:
+            raise ClientClosedError("the producer is closed")
+        queue_id = self._select(route, routing_key)
+        rec = message.encode(queue_id)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._in_flight.acquire()
+        key = (message.topic, queue_id)
+        with self._lock:
+            batch = self._open.get(key)
+            new = batch is None
+            if batch is None:
+                batch = self._open[key] = _OpenBatch()
+            batch.parts.append(rec)
+            batch.futures.append(fut)
+            batch.size += len(rec)
+            full = batch.size >= self.max_batch_bytes
+            if full:
+                del self._open[key]
+        loop = self._loop
+        assert loop is not None
+        if full:
+            loop.call_soon_threadsafe(self._dispatch, key, batch)
+        elif new:
+            loop.call_soon_threadsafe(self._arm_linger, key, batch)
+        return fut
+
+    def _arm_linger(self, key: tuple[str, int], batch: _OpenBatch) -> None:
+        assert self._loop is not None
+        self._loop.call_later(self.linger, self._linger_expired, key, batch)
+
+    def _linger_expired(self, key: tuple[str, int], batch: _OpenBatch) -> None:
+        with self._lock:
+            if self._open.get(key) is not batch:
+                return
+            del self._open[key]
+        self._dispatch(key, batch)
+
+    def _dispatch(self, key: tuple[str, int], batch: _OpenBatch) -> None:
+        task = asyncio.ensure_future(self._send_open_batch(key, batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_open_batch(self, key: tuple[str, int], batch: _OpenBatch) -> None:
+        topic, queue_id = key
+        try:
+            results = await self._send_frame(topic, queue_id, b"".join(batch.parts), {})
+        except BaseException as e:
+            for f in batch.futures:
+                self._in_flight.release()
+                f.set_exception(e)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            return
+        for f, r in zip(batch.futures, results, strict=True):
+            self._in_flight.release()
+            f.set_result(r)
+
+    async def _send_frame(self, topic: str, queue_id: int, body: bytes, extra: dict[str, Any]) -> list[SendResult]:
+        """One SEND request, retried on transport failures; results per record in order."""
+        assert self._conn is not None
+        header = {"topic": topic, "queue_id": queue_id, **extra}
+        attempt = 0
+        while True:
+            try:
+                resp = await self._conn.request(Code.SEND, header, body, self.send_timeout)
+                break
+            except TransportError as e:
+                attempt += 1
+                if attempt > self.retries:
+                    raise TransportError(f"send to {topic}/{queue_id} failed after {attempt} tries: {e}") from e
+                await asyncio.sleep(0.1 * attempt)
+        h = resp.header
+        prefix, first = h["id_prefix"], h["first_offset"]
+        return [SendResult(f"{prefix}{p:016X}", topic, queue_id, first + i)
+                for i, p in enumerate(h["positions"])]
+
+    # ---------------------------------------------------------------- API
+
+    async def send(self, message: Message, routing_key: str | None = None) -> SendResult:
+        route = await self.route(message.topic)
+        if message.delay_level is not None or message.deliver_at is not None:
+            return (await self._send_delayed(route, message, routing_key))
+        return await asyncio.wrap_future(self._enqueue(route, message, routing_key))
+
+    async def _send_delayed(self, route: _Route, message: Message, routing_key: str | None) -> SendResult:
+        queue_id = self._select(route, routing_key)
+        extra: dict[str, Any] = {}
+        if message.deliver_at is not None:
+            extra["deliver_at"] = message.deliver_at_ms()
+        else:
+            extra["delay_level"] = int(message.delay_level)  # type: ignore[arg-type]
+        return (await self._send_frame(message.topic, queue_id, message.encode(queue_id), extra))[0]
+
+    async def send_batch(self, messages: Sequence[Message], routing_key: str | None = None) -> list[SendResult]:
+        """Send messages as few frames as possible: per topic one queue (hash of routing_key, or
+        the selector), frames of at most ~15 MiB. Results come back in the order given."""
+        if not messages:
+            return []
+        if any(m.delay_level is not None or m.deliver_at is not None for m in messages):
+            raise InvalidMessageError("delayed messages are sent one by one, not in send_batch")
+        by_topic: dict[str, list[int]] = {}
+        for i, m in enumerate(messages):
+            by_topic.setdefault(m.topic, []).append(i)
+        results: list[SendResult | None] = [None] * len(messages)
+        for topic, idxs in by_topic.items():
+            route = await self.route(topic)
+            queue_id = self._select(route, routing_key)
+            chunk: list[bytes] = []
+            chunk_idx: list[int] = []
+            size = 0
+            for i in idxs:
+                rec = messages[i].encode(queue_id)
+                if chunk and size + len(rec) > MAX_FRAME_BODY:
+                    for j, r in zip(chunk_idx, await self._send_frame(topic, queue_id, b"".join(chunk), {}),
+                                    strict=True):
+                        results[j] = r
+                    chunk, chunk_idx, size = [], [], 0
+                chunk.append(rec)
+                chunk_idx.append(i)
+                size += len(rec)
+            for j, r in zip(chunk_idx, await self._send_frame(topic, queue_id, b"".join(chunk), {}), strict=True):
+                results[j] = r
+        return results  # type: ignore[return-value]
+
+    async def flush(self) -> None:
+        """Send every open batch now and wait for all in-flight sends."""
+        with self._lock:
+            open_batches, self._open = self._open, {}
+        for key, batch in open_batches.items():
+            self._dispatch(key, batch)
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        await self.flush()
+        self._closed = True
+        if self._conn is not None:
+            await self._conn.close()
+
+    async def __aenter__(self) -> AsyncProducer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class Producer:
+    """The blocking producer. `Producer(broker="127.0.0.1:10911")`, `start()`, `send(message,
+    routing_key=None)`, `send_async`, `send_batch(messages)`, `close()`; a context manager."""
+
+    def __init__(self, broker: str = "127.0.0.1:10911", **options: Any) -> None:
+        self._async = AsyncProducer(broker, **options)
+        self._started = False
+
+    def start(self) -> Producer:
+        if not self._started:
+            background_loop()
+            run_sync(self._async.start())
+            self._started = True
+        return self
+
+    def _route(self, topic: str) -> _Route:
+        r = self._async._routes.get(topic)
+        if r is None or time.monotonic() - r.fetched > ROUTE_TTL_S:
+            r = run_sync(self._async.route(topic))
+        return r
+
+    def send_async(self, message: Message, routing_key: str | None = None) -> concurrent.futures.Future:
+        """Queue a message for the next batch; the future gives its SendResult."""
+        self._check()
+        if message.delay_level is not None or message.deliver_at is not None:
+            return asyncio.run_coroutine_threadsafe(self._async.send(message, routing_key), background_loop())
+        return self._async._enqueue(self._route(message.topic), message, routing_key)
+
+    def send(self, message: Message, routing_key: str | None = None, timeout: float | None = None) -> SendResult:
+        return self.send_async(message, routing_key).result(timeout or self._async.send_timeout * 3)
+
+    def send_oneway(self, message: Message, routing_key: str | None = None) -> None:
+        """Send without waiting for (or reporting) the result."""
+        self.send_async(message, routing_key)
+
+    def send_batch(self, messages: Sequence[Message], routing_key: str | None = None) -> list[SendResult]:
+        self._check()
+        return run_sync(self._async.send_batch(messages, routing_key))
+
+    def flush(self) -> None:
+        if self._started:
+            run_sync(self._async.flush())
+
+    def close(self) -> None:
+        if self._started:
+            run_sync(self._async.close())
+            self._started = False
+
+    def _check(self) -> None:
+        if not self._started:
+            raise ClientClosedError("call Producer.start() first (or use it as a context manager)")
+
+    def __enter__(self) -> Producer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["AsyncProducer", "Producer", "record"]
