@@ -1,0 +1,224 @@
+"""The commit log: every record of every queue, appended by one writer into fixed-size chunks.
+
+A position is a byte offset in the log; chunk files are named by their start position (a multiple
+of chunk_size), so position p lives in chunk p - p % chunk_size at offset p % chunk_size. A batch is
+never split across chunks: when it does not fit before chunk_size - END_OF_CHUNK_SIZE, the writer
+writes the end-of-chunk marker after the last record and continues at the next chunk's start.
+docs/format.md has the byte grammar.
+
+Threads: reserve()/write()/publish() run on the writer thread only; read() on any thread; sync() on
+the flusher thread. A lock guards only the rare structural changes (roll, delete, map bookkeeping).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from equeue_core.errors import InvalidMessageError, StoreError
+
+from .chunk import MappedChunk, pread_exact
+from .constants import END_OF_CHUNK, END_OF_CHUNK_SIZE, MAP_IDLE_SECONDS, file_name, parse_file_name
+from .ring import Ring
+
+log = logging.getLogger(__name__)
+
+
+def list_chunks(log_dir: str) -> list[int]:
+    """Start positions of the chunk files present, ascending."""
+    try:
+        names = os.listdir(log_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in (parse_file_name(x) for x in names) if n is not None)
+
+
+class CommitLog:
+    def __init__(self, log_dir: str, chunk_size: int, ring_bytes: int, map_low: int, map_high: int) -> None:
+        self.dir = log_dir
+        self.chunk_size = chunk_size
+        self.ring = Ring(ring_bytes)
+        self.map_low = map_low
+        self.map_high = map_high
+        self.chunks: list[int] = list_chunks(log_dir)
+        self._maps: dict[int, MappedChunk] = {}
+        self._lock = threading.Lock()
+        self._fd = -1
+        self._sealed: list[int] = []      # write fds of rolled chunks, closed after their last fsync
+        self._sync_dir = False
+        self.write_pos = 0                # where the next record goes
+        self.published_end = 0            # end of data whose index entries are written too
+        self._last_sweep = 0.0
+
+    # ------------------------------------------------------------ writer
+    def path(self, start: int) -> str:
+        return os.path.join(self.dir, file_name(start))
+
+    def open_for_write(self, end: int) -> None:
+        """Start appending at `end` (recovery has truncated the log there)."""
+        cs = self.chunk_size
+        start = end - end % cs
+        self._fd = os.open(self.path(start), os.O_WRONLY | os.O_CREAT, 0o644)
+        os.lseek(self._fd, end - start, os.SEEK_SET)
+        if start not in self.chunks:
+            self.chunks.append(start)
+            self.chunks.sort()
+            self._sync_dir = True
+        self.write_pos = self.published_end = end
+
+    def reserve(self, n: int) -> int:
+        """The position a batch of n bytes will be written at, rolling to a new chunk if needed."""
+        pos = self.write_pos
+        cs = self.chunk_size
+        if pos % cs + n > cs - END_OF_CHUNK_SIZE:
+            if n > cs - END_OF_CHUNK_SIZE:
+                raise InvalidMessageError(f"a batch of {n} bytes does not fit in a chunk of {cs} bytes")
+            pos = self._roll()
+        return pos
+
+    def _roll(self) -> int:
+        """Seal the current chunk with the end-of-chunk marker and open the next one."""
+        self._write(END_OF_CHUNK)
+        cs = self.chunk_size
+        start = self.write_pos - self.write_pos % cs + cs
+        fd = os.open(self.path(start), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        with self._lock:
+            self._sealed.append(self._fd)
+            self._fd = fd
+            self.chunks.append(start)
+            self._sync_dir = True
+        self.write_pos = start
+        return start
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        mv = memoryview(data)
+        try:
+            while mv:
+                mv = mv[os.write(self._fd, mv):]
+        except OSError as e:  # disk full: cut the partial record off so the log stays a clean prefix
+            cut = self.write_pos % self.chunk_size
+            try:
+                os.ftruncate(self._fd, cut)
+                os.lseek(self._fd, cut, os.SEEK_SET)
+            except OSError:
+                log.exception("could not cut a partial write off the commit log")
+            raise StoreError(f"commit log write failed: {e}") from e
+
+    def write(self, batch: bytes | bytearray, position: int) -> int:
+        """Write a stamped batch at `position` (from reserve) with one write; returns its end."""
+        self._write(batch)
+        self.ring.write(position, batch)
+        end = position + len(batch)
+        self.write_pos = end
+        return end
+
+    def publish(self, end: int) -> None:
+        """Everything below end is written and indexed: the flusher may make it durable."""
+        self.published_end = end
+
+    # ------------------------------------------------------------ flusher thread
+    def sync(self) -> int:
+        """fsync everything published so far; returns that end position."""
+        with self._lock:
+            end = self.published_end
+            fd = self._fd
+            sealed, self._sealed = self._sealed, []
+            sync_dir, self._sync_dir = self._sync_dir, False
+        for s in sealed:
+            os.fdatasync(s)
+            os.close(s)
+        if fd >= 0:
+            os.fdatasync(fd)
+        if sync_dir:
+            dfd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        return end
+
+    # ------------------------------------------------------------ readers (any thread)
+    @property
+    def start(self) -> int:
+        """The first position still stored."""
+        chunks = self.chunks
+        return chunks[0] if chunks else self.write_pos
+
+    def read(self, start: int, end: int) -> bytes | None:
+        """Bytes of positions [start, end) (within one chunk); None if not stored (deleted)."""
+        data = self.ring.read(start, end)
+        if data is not None:
+            return data
+        cs = self.chunk_size
+        cstart = start - start % cs
+        m = self._maps.get(cstart)
+        if m is None:
+            m = self._new_map(cstart)
+            if m is None:
+                return pread_exact(self.path(cstart), start - cstart, end - start)
+        return m.read(start - cstart, end - cstart)
+
+    def _new_map(self, cstart: int) -> MappedChunk | None:
+        """A mapping for a chunk, or None above the high watermark (the caller preads)."""
+        with self._lock:
+            m = self._maps.get(cstart)
+            if m is not None:
+                return m
+            self._sweep_locked()
+            if sum(x.mapped_bytes for x in self._maps.values()) >= self.map_high:
+                return None
+            m = self._maps[cstart] = MappedChunk(cstart, self.path(cstart))
+            return m
+
+    def _sweep_locked(self) -> None:
+        """Above the low watermark, unmap chunks no one read for MAP_IDLE_SECONDS."""
+        now = time.monotonic()
+        if now - self._last_sweep < 1.0:
+            return
+        self._last_sweep = now
+        total = sum(x.mapped_bytes for x in self._maps.values())
+        if total <= self.map_low:
+            return
+        for cstart, m in sorted(self._maps.items(), key=lambda kv: kv[1].last_used):
+            if total <= self.map_low:
+                break
+            if now - m.last_used > MAP_IDLE_SECONDS:
+                total -= m.unmap()
+                del self._maps[cstart]
+
+    def mapped_bytes(self) -> int:
+        return sum(x.mapped_bytes for x in self._maps.values())
+
+    # ------------------------------------------------------------ retention / shutdown
+    def delete_before(self, position: int) -> int:
+        """Delete every chunk lying wholly below position (never the one being written)."""
+        cs = self.chunk_size
+        active = self.write_pos - self.write_pos % cs
+        released = 0
+        with self._lock:
+            doomed = [c for c in self.chunks if c + cs <= position and c < active]
+            for c in doomed:
+                m = self._maps.pop(c, None)
+                if m is not None:
+                    m.unmap()
+                try:
+                    released += os.path.getsize(self.path(c))
+                    os.unlink(self.path(c))
+                except FileNotFoundError:
+                    pass
+            self.chunks = [c for c in self.chunks if c not in doomed]
+            if doomed:
+                self._sync_dir = True
+        return released
+
+    def close(self) -> None:
+        with self._lock:
+            fds = self._sealed + ([self._fd] if self._fd >= 0 else [])
+            self._sealed, self._fd = [], -1
+            for m in self._maps.values():
+                m.unmap()
+            self._maps.clear()
+        for fd in fds:
+            os.close(fd)

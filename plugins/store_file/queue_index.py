@@ -1,0 +1,345 @@
+"""Per-queue index files: queue offset -> (position, size, tag hash), 20 bytes per entry.
+
+Layout (docs/format.md, "Index files"): <data_dir>/index/<topic>/<queue_id>/<first offset>, each
+file holding `index_file_entries` packed record.INDEX_ENTRY entries, so offset n lives in file
+n // entries_per_file * entries_per_file at byte (n % entries_per_file) * 20. No checksum: the index
+is rebuilt from the commit log after a crash (Kafka's OffsetIndex makes the same trade), and a file
+whose length is not a multiple of 20 loses its torn last entry on open.
+
+Appends come from one writer thread; reads (os.pread) and flush (the flusher thread) may run on
+other threads. The index may run ahead of the durable log after a crash; the message store that
+owns it truncates it back in its recovery (see FileQueueIndex.truncate).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+
+from equeue_core.contracts import StoreSettings
+from equeue_core.errors import StoreError
+from equeue_core.record import INDEX_ENTRY_SIZE
+
+from .constants import DEFAULT_INDEX_FILE_ENTRIES, INDEX_DIR, file_name, parse_file_name
+from .store_info import load_store_info
+
+log = logging.getLogger(__name__)
+
+_EMPTY = memoryview(b"")
+
+
+def queue_dir(root: str, topic: str, queue_id: int) -> str:
+    """The directory of one queue's index files; refuses names that would leave the index root."""
+    if not topic or topic in (".", "..") or "/" in topic or "\\" in topic or "\0" in topic:
+        raise StoreError(f"topic name {topic!r} cannot be stored as a directory")
+    return os.path.join(root, topic, str(int(queue_id)))
+
+
+@dataclass(slots=True)
+class _Queue:
+    """One queue's index files. `files` are the first offsets of the files present, ascending."""
+
+    path: str
+    files: list[int]
+    min_offset: int
+    end: int                       # one past the last entry written
+    fd: int = -1                   # write fd of the newest file (writer only)
+    fd_first: int = -1             # first offset of the file fd points at
+    sealed: list[int] = field(default_factory=list)   # older write fds awaiting a last fsync
+    read_fds: dict[int, int] = field(default_factory=dict)
+
+
+class FileQueueIndex:
+    """The file store's QueueIndex (contracts.QueueIndex), plus truncate/set_min for recovery and
+    retention. With read_only=True (a reader in another process) it never writes or truncates and
+    re-lists a queue's files when asked for offsets it has not seen yet."""
+
+    def __init__(self, settings: StoreSettings, read_only: bool = False) -> None:
+        self.root = os.path.join(settings.data_dir, INDEX_DIR)
+        info = load_store_info(settings.data_dir)
+        opt = settings.options.get("index_file_entries")
+        if info is not None:
+            self.entries_per_file = int(info["index_file_entries"])
+        else:
+            self.entries_per_file = int(opt) if opt else DEFAULT_INDEX_FILE_ENTRIES
+        if self.entries_per_file <= 0:
+            raise StoreError("index_file_entries must be positive")
+        self.read_only = read_only
+        self._queues: dict[tuple[str, int], _Queue] = {}
+        self._dirty: set[tuple[str, int]] = set()
+        self._dirs_to_sync: set[str] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        if not read_only:
+            os.makedirs(self.root, exist_ok=True)
+        self._load_all()
+
+    # ------------------------------------------------------------ loading
+    def _load_all(self) -> None:
+        if not os.path.isdir(self.root):
+            return
+        for topic in sorted(os.listdir(self.root)):
+            tdir = os.path.join(self.root, topic)
+            if not os.path.isdir(tdir):
+                continue
+            for qname in os.listdir(tdir):
+                if qname.isdigit():
+                    q = self._load_queue(topic, int(qname))
+                    if q is not None:
+                        self._queues[(topic, int(qname))] = q
+
+    def _load_queue(self, topic: str, queue_id: int) -> _Queue | None:
+        path = queue_dir(self.root, topic, queue_id)
+        try:
+            names = os.listdir(path)
+        except FileNotFoundError:
+            return None
+        files = sorted(n for n in (parse_file_name(x) for x in names) if n is not None)
+        if not files:
+            return _Queue(path, [], 0, 0)
+        last = files[-1]
+        size = os.path.getsize(os.path.join(path, file_name(last)))
+        if size % INDEX_ENTRY_SIZE and not self.read_only:
+            log.warning("index %s/%s: dropping a torn entry (%d trailing bytes)",
+                        path, file_name(last), size % INDEX_ENTRY_SIZE)
+            os.truncate(os.path.join(path, file_name(last)), size - size % INDEX_ENTRY_SIZE)
+        end = last + min(size // INDEX_ENTRY_SIZE, self.entries_per_file)
+        return _Queue(path, files, files[0], end)
+
+    def _queue(self, topic: str, queue_id: int, create: bool) -> _Queue | None:
+        q = self._queues.get((topic, queue_id))
+        if q is None:
+            if self.read_only:
+                q = self._load_queue(topic, queue_id)
+                if q is not None:
+                    self._queues[(topic, queue_id)] = q
+                return q
+            if not create:
+                return None
+            path = queue_dir(self.root, topic, queue_id)
+            os.makedirs(path, exist_ok=True)
+            self._dirs_to_sync.add(os.path.dirname(path))
+            self._dirs_to_sync.add(self.root)
+            q = _Queue(path, [], 0, 0)
+            self._queues[(topic, queue_id)] = q
+        return q
+
+    # ------------------------------------------------------------ writing
+    def add(self, topic: str, queue_id: int, first_offset: int, entries: bytes | bytearray) -> None:
+        """Append entries for offsets first_offset.. ; first_offset must be the queue's end."""
+        if self.read_only:
+            raise StoreError("index opened read-only")
+        q = self._queues.get((topic, queue_id)) or self._queue(topic, queue_id, True)
+        assert q is not None
+        if first_offset != q.end:
+            if not q.files and q.end == 0:  # a queue whose first offsets were deleted: start there
+                q.min_offset = q.end = first_offset
+            else:
+                raise StoreError(f"index {topic}/{queue_id}: append at {first_offset}, end is {q.end}")
+        n = len(entries) // INDEX_ENTRY_SIZE
+        per = self.entries_per_file
+        if q.fd >= 0 and q.end + n <= q.fd_first + per:  # the common case: one write, no roll
+            _write_all(q.fd, entries)
+            q.end += n
+            self._dirty.add((topic, queue_id))
+            return
+        mv = memoryview(entries)
+        done = 0
+        while done < n:
+            off = q.end
+            if q.fd < 0 or off >= q.fd_first + per:
+                self._roll(q, off - off % per)
+            take = min(n - done, q.fd_first + per - off)
+            _write_all(q.fd, mv[done * INDEX_ENTRY_SIZE:(done + take) * INDEX_ENTRY_SIZE])
+            done += take
+            q.end += take
+        self._dirty.add((topic, queue_id))
+
+    def _roll(self, q: _Queue, first: int) -> None:
+        """Open (creating if needed) the index file starting at `first` for appending."""
+        fd = os.open(os.path.join(q.path, file_name(first)), os.O_WRONLY | os.O_CREAT, 0o644)
+        os.lseek(fd, (q.end - first) * INDEX_ENTRY_SIZE, os.SEEK_SET)
+        with self._lock:
+            if q.fd >= 0:
+                q.sealed.append(q.fd)
+            q.fd, q.fd_first = fd, first
+            if not q.files or q.files[-1] != first:
+                q.files.append(first)
+                self._dirs_to_sync.add(q.path)
+
+    def truncate(self, topic: str, queue_id: int, offset: int) -> int:
+        """Drop entries at and past offset (recovery: they point past the valid log). Returns how
+        many were dropped."""
+        q = self._queue(topic, queue_id, False)
+        if q is None or offset >= q.end:
+            return 0
+        offset = max(offset, q.min_offset)
+        dropped = q.end - offset
+        self._close_write(q)
+        containing = offset - offset % self.entries_per_file
+        for first in [f for f in q.files if f > containing]:
+            self._close_read(q, first)
+            os.unlink(os.path.join(q.path, file_name(first)))
+            q.files.remove(first)
+        if containing in q.files:
+            os.truncate(os.path.join(q.path, file_name(containing)), (offset - containing) * INDEX_ENTRY_SIZE)
+        q.end = offset
+        self._dirs_to_sync.add(q.path)
+        return dropped
+
+    def set_min(self, topic: str, queue_id: int, offset: int) -> None:
+        """Retention: offsets below `offset` are gone; delete the index files wholly below it."""
+        q = self._queue(topic, queue_id, False)
+        if q is None or offset <= q.min_offset:
+            return
+        offset = min(offset, q.end)
+        q.min_offset = offset
+        per = self.entries_per_file
+        for first in [f for f in q.files if f + per <= offset and f != q.fd_first]:
+            self._close_read(q, first)
+            try:
+                os.unlink(os.path.join(q.path, file_name(first)))
+            except FileNotFoundError:
+                pass
+            q.files.remove(first)
+
+    # ------------------------------------------------------------ reading
+    def read(self, topic: str, queue_id: int, offset: int, max_count: int) -> memoryview:
+        """Packed entries for offset.. (at most max_count, fewer at the end or a missing file)."""
+        q = self._queues.get((topic, queue_id)) or self._queue(topic, queue_id, False)
+        if q is None:
+            return _EMPTY
+        if self.read_only and offset + max_count > q.end:
+            self._refresh(topic, queue_id, q)
+        count = min(max_count, q.end - offset)
+        if count <= 0 or offset < q.min_offset:
+            return _EMPTY
+        per = self.entries_per_file
+        parts = []
+        while count > 0:
+            first = offset - offset % per
+            take = min(count, first + per - offset)
+            fd = q.read_fds.get(first)
+            if fd is None:
+                try:
+                    fd = os.open(os.path.join(q.path, file_name(first)), os.O_RDONLY)
+                except FileNotFoundError:
+                    break
+                q.read_fds[first] = fd
+            want = take * INDEX_ENTRY_SIZE
+            data = os.pread(fd, want, (offset - first) * INDEX_ENTRY_SIZE)
+            if len(data) % INDEX_ENTRY_SIZE:
+                data = data[:len(data) - len(data) % INDEX_ENTRY_SIZE]
+            parts.append(data)
+            if len(data) < want:
+                break
+            offset += take
+            count -= take
+        if len(parts) == 1:
+            return memoryview(parts[0])
+        return memoryview(b"".join(parts))
+
+    def _refresh(self, topic: str, queue_id: int, q: _Queue) -> None:
+        fresh = self._load_queue(topic, queue_id)
+        if fresh is not None:
+            q.files, q.end = fresh.files, fresh.end
+            q.min_offset = max(q.min_offset, fresh.min_offset)
+
+    def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]:
+        q = self._queues.get((topic, queue_id)) or self._queue(topic, queue_id, False)
+        if q is None:
+            return (0, 0)
+        if self.read_only:
+            self._refresh(topic, queue_id, q)
+        return (q.min_offset, q.end)
+
+    def queues(self) -> dict[str, list[int]]:
+        if self.read_only:
+            self._load_all_new()
+        out: dict[str, list[int]] = {}
+        for topic, qid in sorted(self._queues):
+            out.setdefault(topic, []).append(qid)
+        return out
+
+    def _load_all_new(self) -> None:
+        if not os.path.isdir(self.root):
+            return
+        for topic in os.listdir(self.root):
+            tdir = os.path.join(self.root, topic)
+            if os.path.isdir(tdir):
+                for qname in os.listdir(tdir):
+                    if qname.isdigit() and (topic, int(qname)) not in self._queues:
+                        q = self._load_queue(topic, int(qname))
+                        if q is not None:
+                            self._queues[(topic, int(qname))] = q
+
+    # ------------------------------------------------------------ durability
+    def flush(self) -> None:
+        """fsync every index file written since the last flush (runs on the flusher thread)."""
+        if self.read_only or self._closed:
+            return
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+            dirs, self._dirs_to_sync = self._dirs_to_sync, set()
+            work = []
+            for key in dirty:
+                q = self._queues.get(key)
+                if q is not None:
+                    sealed, q.sealed = q.sealed, []
+                    work.append((q.fd, sealed))
+        for fd, sealed in work:
+            for s in sealed:
+                os.fdatasync(s)
+                os.close(s)
+            if fd >= 0:
+                try:
+                    os.fdatasync(fd)
+                except OSError:  # closed by truncate in the meantime: its data was fsynced there
+                    pass
+        for d in dirs:
+            _fsync_dir(d)
+
+    def _close_write(self, q: _Queue) -> None:
+        with self._lock:
+            fds = q.sealed + ([q.fd] if q.fd >= 0 else [])
+            q.sealed, q.fd, q.fd_first = [], -1, -1
+        for fd in fds:
+            os.fdatasync(fd)
+            os.close(fd)
+
+    @staticmethod
+    def _close_read(q: _Queue, first: int) -> None:
+        fd = q.read_fds.pop(first, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        for q in self._queues.values():
+            if not self.read_only:
+                self._close_write(q)
+            for first in list(q.read_fds):
+                self._close_read(q, first)
+
+
+def _write_all(fd: int, data: memoryview | bytes | bytearray) -> None:
+    mv = memoryview(data)
+    while mv:
+        n = os.write(fd, mv)
+        mv = mv[n:]
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,195 @@
+"""FileStoreReader: read a live data directory from another process (Spark) without the broker.
+
+What it trusts (docs/format.md, "What a concurrent reader may trust"): the writer appends a record
+to the commit log before it appends the record's index entry, so an index entry that exists points
+at bytes already written. The reader still verifies every record it serves (record.verify: size,
+magic, lengths, crc, and the stamped position) and stops at the first that fails; queue_range()
+checks the newest entry's record and, if that one does not verify (a crashed broker that has not
+recovered yet), walks forward from the last verified offset to the first bad one. Chunks deleted
+by retention while a read is under way end that read at the last record it could still get.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+from equeue_core.contracts import StoreSettings
+from equeue_core.errors import CorruptRecordError, OffsetOutOfRangeError
+from equeue_core.export import broker_address_of, records_to_arrow
+from equeue_core.record import HEADER_SIZE, INDEX_ENTRY, INDEX_ENTRY_SIZE, OFF_POSITION, verify
+
+from .commit_log import list_chunks
+from .constants import COMMITLOG_DIR, DEFAULT_CHUNK_SIZE, OFFSETS, file_name
+from .offsets import load_offsets_file
+from .queue_index import FileQueueIndex
+from .store_info import load_store_info
+
+_U64 = struct.Struct("<Q")
+_STORE_TS = struct.Struct("<q")
+_MAX_SPAN = 4 * 1024 * 1024  # one pread covers at most this many bytes of the log
+
+
+class FileStoreReader:
+    def __init__(self, path: str, options: dict[str, str] | None = None) -> None:
+        options = dict(options or {})
+        self.path = path
+        info = load_store_info(path)
+        self.chunk_size = int(info["chunk_size"]) if info else int(options.get("chunk_size") or DEFAULT_CHUNK_SIZE)
+        self.log_dir = os.path.join(path, COMMITLOG_DIR)
+        self.index = FileQueueIndex(StoreSettings(path, options=options), read_only=True)
+        self._fds: dict[int, int] = {}
+        self._good: dict[tuple[str, int], int] = {}   # offsets below this were verified
+        self._address: tuple[str, int] | None = None
+
+    # ------------------------------------------------------------ raw access
+    def _pread(self, position: int, size: int) -> bytes | None:
+        cs = self.chunk_size
+        cstart = position - position % cs
+        fd = self._fds.get(cstart)
+        if fd is None:
+            try:
+                fd = os.open(os.path.join(self.log_dir, file_name(cstart)), os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            self._fds[cstart] = fd
+        data = os.pread(fd, size, position - cstart)
+        return data if len(data) == size else None
+
+    def _record_ok(self, entry: bytes | memoryview) -> bool:
+        pos, size, _th = INDEX_ENTRY.unpack_from(entry)
+        data = self._pread(pos, size)
+        if data is None:
+            return False
+        try:
+            return verify(data) == size and _U64.unpack_from(data, OFF_POSITION)[0] == pos
+        except CorruptRecordError:
+            return False
+
+    def _log_start(self) -> int:
+        chunks = list_chunks(self.log_dir)
+        return chunks[0] if chunks else 0
+
+    # ------------------------------------------------------------ ranges
+    def queues(self) -> dict[str, list[int]]:
+        return self.index.queues()
+
+    def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(first offset still stored, safe end): every offset in between is an intact record."""
+        lo, hi = self.index.queue_range(topic, queue_id)
+        lo = self._first_at_or_after(topic, queue_id, lo, hi, self._log_start())
+        if hi <= lo:
+            return (lo, max(lo, hi))
+        key = (topic, queue_id)
+        good = max(self._good.get(key, lo), lo)
+        if good < hi:
+            last = self.index.read(topic, queue_id, hi - 1, 1)
+            if len(last) == INDEX_ENTRY_SIZE and self._record_ok(last):
+                good = hi
+            else:
+                good = self._verify_forward(topic, queue_id, good, hi)
+        self._good[key] = good
+        return (lo, good)
+
+    def _verify_forward(self, topic: str, queue_id: int, offset: int, hi: int) -> int:
+        while offset < hi:
+            entries = self.index.read(topic, queue_id, offset, min(4096, hi - offset))
+            if not entries:
+                return offset
+            for i in range(0, len(entries), INDEX_ENTRY_SIZE):
+                if not self._record_ok(entries[i:i + INDEX_ENTRY_SIZE]):
+                    return offset
+                offset += 1
+        return offset
+
+    def _first_at_or_after(self, topic: str, queue_id: int, lo: int, hi: int, position: int) -> int:
+        if position == 0:
+            return lo
+        while lo < hi:
+            mid = (lo + hi) // 2
+            e = self.index.read(topic, queue_id, mid, 1)
+            if len(e) == INDEX_ENTRY_SIZE and _U64.unpack_from(e)[0] < position:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int:
+        lo, hi = self.queue_range(topic, queue_id)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            e = self.index.read(topic, queue_id, mid, 1)
+            head = self._pread(_U64.unpack_from(e)[0], HEADER_SIZE) if len(e) == INDEX_ENTRY_SIZE else None
+            if head is None or _STORE_TS.unpack_from(head, 44)[0] < ts_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    # ------------------------------------------------------------ export
+    def export(self, topic: str, queue_id: int, start: int, end: int,
+               batch_rows: int = 65536) -> Iterator[Any]:
+        """Arrow RecordBatches for offsets [start, end) cut to the safe range; stops early at a
+        record that does not verify or a chunk deleted meanwhile."""
+        lo, hi = self.queue_range(topic, queue_id)
+        if start < lo:
+            raise OffsetOutOfRangeError(f"offset {start} of {topic}/{queue_id} is below {lo}",
+                                        min_offset=lo, max_offset=hi)
+        end = min(end, hi)
+        if self._address is None:
+            self._address = broker_address_of(self.path)
+        offset = start
+        batch_rows = max(1, int(batch_rows))
+        while offset < end:
+            entries = self.index.read(topic, queue_id, offset, min(batch_rows, end - offset))
+            if not entries:
+                return
+            pairs, complete = self._records(entries)
+            if pairs:
+                yield records_to_arrow(pairs, self._address)
+            if not complete:
+                return
+            offset += len(pairs)
+
+    def _records(self, entries: memoryview) -> tuple[list[tuple[bytes, int]], bool]:
+        """(buffer, start) pairs for the entries' records, read in spans of at most _MAX_SPAN
+        bytes; the bool is False if a record failed to verify (the pairs stop before it)."""
+        cs = self.chunk_size
+        items = list(INDEX_ENTRY.iter_unpack(entries))
+        pairs: list[tuple[bytes, int]] = []
+        i = 0
+        while i < len(items):
+            first = items[i][0]
+            cstart = first - first % cs
+            j = i + 1
+            span_end = first + items[i][1]
+            while j < len(items):
+                p, s, _ = items[j]
+                if p < first or p + s - first > _MAX_SPAN or p - p % cs != cstart:
+                    break
+                span_end = max(span_end, p + s)
+                j += 1
+            buf = self._pread(first, span_end - first)
+            if buf is None:
+                return pairs, False
+            for p, s, _ in items[i:j]:
+                at = p - first
+                try:
+                    if verify(buf, at, at + s) != s or _U64.unpack_from(buf, at + OFF_POSITION)[0] != p:
+                        return pairs, False
+                except CorruptRecordError:
+                    return pairs, False
+                pairs.append((buf, at))
+            i = j
+        return pairs, True
+
+    def group_offsets(self) -> dict[tuple[str, str, int], int]:
+        return load_offsets_file(os.path.join(self.path, OFFSETS))[0]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self.index.close()

@@ -1,0 +1,72 @@
+"""An in-memory ring of the newest commit-log bytes, so fresh records are read without the page cache.
+
+Byte b of the log lives at ring[b % size]. The ring is cut into pages (slots) of RING_PAGE bytes;
+each slot remembers which log page (position // RING_PAGE) it currently holds, and a read checks
+that every slot it touches still holds the pages it wants, both before and after copying (the
+writer may lap the ring meanwhile: then the read falls back to the mmap'd chunk). Only the writer
+thread calls write(); any thread may call read().
+"""
+
+from __future__ import annotations
+
+from .constants import RING_PAGE
+
+
+class Ring:
+    __slots__ = ("size", "pages", "buf", "mv", "tags")
+
+    def __init__(self, size: int) -> None:
+        self.pages = max(0, size // RING_PAGE)
+        self.size = self.pages * RING_PAGE
+        self.buf = bytearray(self.size)
+        self.mv = memoryview(self.buf)  # the ring never resizes, so one export is safe
+        self.tags = [-1] * self.pages
+
+    def write(self, position: int, data: bytes | bytearray | memoryview) -> None:
+        """Copy data (the bytes at log position `position`) into the ring."""
+        n = len(data)
+        size = self.size
+        if not size or n == 0:
+            return
+        if n > size:  # only the last `size` bytes can stay
+            data = memoryview(data)[n - size:]
+            position += n - size
+            n = size
+        tags = self.tags
+        pages = self.pages
+        first = position // RING_PAGE
+        last = (position + n - 1) // RING_PAGE
+        for k in range(first, last + 1):  # claim the slots first: readers of the old pages now miss
+            tags[k % pages] = -1
+        start = position % size
+        if start + n <= size:
+            self.buf[start:start + n] = data
+        else:
+            cut = size - start
+            mv = memoryview(data)
+            self.buf[start:] = mv[:cut]
+            self.buf[:n - cut] = mv[cut:]
+        for k in range(first, last + 1):
+            tags[k % pages] = k
+
+    def read(self, start: int, end: int) -> bytes | None:
+        """The bytes of log positions [start, end), or None if the ring no longer holds them all."""
+        n = end - start
+        if n <= 0 or n > self.size - RING_PAGE:
+            return None
+        tags = self.tags
+        pages = self.pages
+        first = start // RING_PAGE
+        last = (end - 1) // RING_PAGE
+        for k in range(first, last + 1):
+            if tags[k % pages] != k:
+                return None
+        a = start % self.size
+        if a + n <= self.size:
+            out = self.mv[a:a + n].tobytes()
+        else:
+            out = self.mv[a:].tobytes() + self.mv[:n - (self.size - a)].tobytes()
+        for k in range(first, last + 1):
+            if tags[k % pages] != k:
+                return None
+        return out
