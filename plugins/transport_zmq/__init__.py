@@ -1,0 +1,1 @@
+"""The built-in ZeroMQ transport (see plugin.py)."""

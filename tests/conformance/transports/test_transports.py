@@ -189,20 +189,23 @@ def test_frame_over_the_max_gets_a_clear_error(name: str, loop: str) -> None:
     async def main() -> None:
         t = transport(name)
         handler = ScriptedHandler()
-        server = await t.serve(HOST, 0, handler, settings(max_frame_size=1024 * 1024))
+        limit = 1024 * 1024
+        server = await t.serve(HOST, 0, handler, settings(max_frame_size=limit))
         # The client refuses before sending when it knows the limit...
-        strict = await t.connect(HOST, server.address[1], settings(max_frame_size=1024 * 1024))
+        strict = await t.connect(HOST, server.address[1], settings(max_frame_size=limit))
         # ...and the server refuses with an error frame when the client does not.
         lax = await t.connect(HOST, server.address[1], settings())
         try:
             with pytest.raises(FrameTooLargeError):
-                await strict.request(Frame(ECHO, body=b"x" * (1024 * 1024)), 5)
+                await strict.request(Frame(ECHO, body=b"x" * limit), 5)
             with pytest.raises(FrameTooLargeError):
-                await strict.send_oneway(Frame(ECHO, body=b"x" * (1024 * 1024)))
-            reply = await lax.request(Frame(ECHO, body=b"y" * (3 * 1024 * 1024)), 10)
+                await strict.send_oneway(Frame(ECHO, body=b"x" * limit))
+            # Over the limit by its head and header: the body alone would fit.
+            reply = await lax.request(Frame(ECHO, header={"pad": "p" * 100}, body=b"y" * (limit - 8)), 10)
             assert reply.is_error
             assert reply.header["error"] == FrameTooLargeError.code
             assert "maximum" in reply.header["message"]
+            assert reply.header["details"]["max"] == limit
             assert not handler.requests  # never reached the handler
             # Both connections are still usable.
             assert bytes((await strict.request(Frame(ECHO, body=b"ok"), 5)).body) == b"ok"
@@ -210,6 +213,40 @@ def test_frame_over_the_max_gets_a_clear_error(name: str, loop: str) -> None:
         finally:
             await strict.close()
             await lax.close()
+            await server.close()
+    run(loop, main)
+
+
+def test_frame_far_over_the_max_never_reaches_the_handler(name: str, loop: str) -> None:
+    """3x the limit: TCP answers with an error frame and skips the bytes; ZeroMQ's MAXMSGSIZE drops
+    the sender's connection (ConnectionLostError) before buffering it. Either way the server keeps
+    serving and the client's next request works."""
+    async def main() -> None:
+        t = transport(name)
+        handler = ScriptedHandler()
+        limit = 1024 * 1024
+        server = await t.serve(HOST, 0, handler, settings(max_frame_size=limit))
+        lax = await t.connect(HOST, server.address[1], settings())
+        other = await t.connect(HOST, server.address[1], settings())
+        try:
+            try:
+                reply = await lax.request(Frame(ECHO, body=b"y" * (3 * limit)), 10)
+                assert reply.is_error and reply.header["error"] == FrameTooLargeError.code
+            except ConnectionLostError:
+                assert name != "tcp"
+            assert not handler.requests
+            assert bytes((await other.request(Frame(ECHO, body=b"other"), 5)).body) == b"other"
+            reply = None
+            for _ in range(50):
+                try:
+                    reply = await lax.request(Frame(ECHO, body=b"again"), 5)
+                    break
+                except ConnectionLostError:
+                    await asyncio.sleep(0.1)
+            assert reply is not None and bytes(reply.body) == b"again"
+        finally:
+            await lax.close()
+            await other.close()
             await server.close()
     run(loop, main)
 
@@ -382,4 +419,36 @@ def test_pushes_and_responses_interleave_with_encoded_sizes(name: str, loop: str
         finally:
             await client.close()
             await server.close()
+    run(loop, main)
+
+
+def test_close_leaves_no_sockets_or_threads(name: str, loop: str) -> None:
+    """Serve, connect, talk and close five times: open file descriptors and OS threads (ZeroMQ's
+    I/O threads included) come back to where they started."""
+    def counts() -> tuple[int, int]:
+        return len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task"))
+
+    async def cycle() -> None:
+        t = transport(name)
+        handler = ScriptedHandler()
+        server = await t.serve(HOST, 0, handler, settings())
+        pushed: list[Frame] = []
+        clients = [await t.connect(HOST, server.address[1], settings(), on_push=pushed.append)
+                   for _ in range(3)]
+        for c in clients:
+            await c.request(Frame(PUSH, header={"count": 2}), 5)
+            await c.send_oneway(Frame(ECHO))
+        for c in clients:
+            await c.close()
+        await wait_until(lambda: len(handler.lost) == 3, what="3 connections lost")
+        await server.close()
+        assert len(server.connections) == 0
+
+    async def main() -> None:
+        await cycle()  # warm up lazily created loop resources
+        before = counts()
+        for _ in range(5):
+            await cycle()
+        await asyncio.sleep(0.05)
+        assert counts() == before
     run(loop, main)

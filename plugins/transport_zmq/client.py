@@ -1,0 +1,254 @@
+"""The ZeroMQ client connection: a DEALER socket with many requests in flight, matched by id.
+
+Guarantees (the same as the TCP client's):
+- `request` assigns the request id, refuses an oversized frame with FrameTooLargeError before
+  sending, and ends in exactly one of: the response frame (error-flagged responses are returned as
+  Frames), RequestTimeoutError, ConnectionLostError.
+- When ZeroMQ reports the TCP connection disconnected (socket monitor; this includes a server silent
+  past the ZMTP heartbeat timeout), every request in flight fails with ConnectionLostError at once.
+- ZeroMQ reconnects by itself; with ZMQ_IMMEDIATE nothing is queued for a dead connection, so a
+  request made while disconnected waits (within its timeout) for the reconnect and then goes out:
+  the next request after a server restart just works.
+- `close()` closes the sockets with LINGER 0 and terminates the connection's own context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import os
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+from equeue_plugins.transport_zmq.parts import frame_parts, parse_parts, set_common_options
+from zmq.utils.monitor import parse_monitor_message
+
+from equeue_core import frame as wire
+from equeue_core.contracts import TransportSettings
+from equeue_core.errors import (
+    ClientClosedError,
+    ConnectionLostError,
+    FrameTooLargeError,
+    ProtocolError,
+    RequestTimeoutError,
+    TransportError,
+)
+
+log = logging.getLogger(__name__)
+
+DRAIN_BATCH = 512
+MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+
+
+class ZmqClientConnection:
+    """A `ClientConnection` over a ZeroMQ DEALER socket."""
+
+    def __init__(self, host: str, port: int, settings: TransportSettings,
+                 on_push: Callable[[wire.Frame], object] | None,
+                 heartbeat_ivl: float, heartbeat_timeout: float) -> None:
+        self.host = host
+        self.port = port
+        self.address = f"{host}:{port}"
+        self.settings = settings
+        self.on_push = on_push
+        self._hb = (heartbeat_ivl, heartbeat_timeout)
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._loops: list[asyncio.Task] = []
+        self._push_tasks: set[asyncio.Task] = set()
+        self._connected = asyncio.Event()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True once `close()` was called (a dropped connection is not closed: it reconnects)."""
+        return self._closed
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def connect(self) -> None:
+        """Connect and wait for the ZMTP handshake; TransportError if it does not happen within
+        connect_timeout (nothing is left open then)."""
+        self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.DEALER)
+        set_common_options(sock, self.settings.socket_buffer, *self._hb)
+        sock.setsockopt(zmq.ROUTING_ID, b"eq" + os.urandom(14))
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        sock.setsockopt(zmq.CONNECT_TIMEOUT, max(1, int(self.settings.connect_timeout * 1000)))
+        self._sock = sock
+        self._monitor = sock.get_monitor_socket(MONITOR_EVENTS)
+        self._loops = [asyncio.ensure_future(self._monitor_loop())]
+        try:
+            sock.connect(f"tcp://{self.host}:{self.port}")
+            async with asyncio.timeout(self.settings.connect_timeout):
+                await self._connected.wait()
+        except BaseException as e:
+            await self._shutdown()
+            if isinstance(e, (TimeoutError, zmq.ZMQError)):
+                raise TransportError(f"cannot connect to {self.address}: "
+                                     f"{'no handshake within ' + str(self.settings.connect_timeout) + 's' if isinstance(e, TimeoutError) else e}") from None
+            raise
+        self._loops.append(asyncio.ensure_future(self._receive_loop()))
+
+    # ------------------------------------------------------------ sending
+
+    async def request(self, frame: wire.Frame, timeout: float) -> wire.Frame:
+        """Send `frame` as a request and await its response (see the module docstring)."""
+        request_id = next(self._ids)
+        frame.request_id = request_id
+        frame.flags &= ~(wire.FLAG_ONEWAY | wire.FLAG_RESPONSE | wire.FLAG_PUSH)
+        parts, copy = frame_parts(frame, self.settings.max_frame_size)  # FrameTooLargeError: not sent
+        sock = self._sock
+        if self._closed or sock is None:
+            raise ClientClosedError(f"connection to {self.address} is closed")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._pending[request_id] = fut
+        timer = loop.call_later(timeout, _expire, fut, request_id, timeout)
+        try:
+            sent = sock.send_multipart(parts, copy=copy)
+            if not sent.done():  # disconnected (IMMEDIATE) or queue full: wait within the timeout
+                await asyncio.wait((sent, fut), return_when=asyncio.FIRST_COMPLETED)
+                if not sent.done():
+                    sent.cancel()
+            if sent.done() and not sent.cancelled() and sent.exception() is not None:
+                raise ConnectionLostError(f"send to {self.address} failed: {sent.exception()}")
+            return await fut
+        finally:
+            timer.cancel()
+            self._pending.pop(request_id, None)
+
+    async def send_oneway(self, frame: wire.Frame) -> None:
+        """Send `frame` with FLAG_ONEWAY. Waits (up to connect_timeout) while disconnected; then
+        ConnectionLostError. Delivery after the send is best effort."""
+        frame.request_id = next(self._ids)
+        frame.flags = (frame.flags | wire.FLAG_ONEWAY) & ~(wire.FLAG_RESPONSE | wire.FLAG_PUSH)
+        parts, copy = frame_parts(frame, self.settings.max_frame_size)
+        sock = self._sock
+        if self._closed or sock is None:
+            raise ClientClosedError(f"connection to {self.address} is closed")
+        sent = sock.send_multipart(parts, copy=copy)
+        if not sent.done():
+            try:
+                await asyncio.wait_for(sent, self.settings.connect_timeout)
+            except TimeoutError:
+                raise ConnectionLostError(f"not connected to {self.address}") from None
+        if sent.exception() is not None:
+            raise ConnectionLostError(f"send to {self.address} failed: {sent.exception()}")
+
+    # ------------------------------------------------------------ receiving
+
+    async def _receive_loop(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        while True:
+            msg = await sock.recv_multipart(copy=False)
+            self._on_message(msg)
+            for _ in range(DRAIN_BATCH):
+                f = sock.recv_multipart(flags=zmq.DONTWAIT, copy=False)
+                exc = f.exception()
+                if exc is not None:
+                    if isinstance(exc, zmq.Again):
+                        break
+                    raise exc
+                self._on_message(f.result())
+
+    def _on_message(self, msg: list[zmq.Frame]) -> None:
+        try:
+            frame = parse_parts(msg, self.settings.max_frame_size)
+        except ProtocolError as e:
+            head = getattr(e, "head", None)
+            fut = self._pending.pop(head[6], None) if head is not None else None
+            if fut is not None and not fut.done():
+                cls = FrameTooLargeError if isinstance(e, FrameTooLargeError) else ProtocolError
+                fut.set_exception(cls(f"response: {e}", **e.details))
+            else:
+                log.warning("dropping an unparseable message from %s: %s", self.address, e)
+            return
+        if frame.flags & wire.FLAG_PUSH:
+            self._deliver_push(frame)
+            return
+        fut = self._pending.pop(frame.request_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(frame)
+
+    async def _monitor_loop(self) -> None:
+        mon = self._monitor
+        assert mon is not None
+        while True:
+            event = parse_monitor_message(await mon.recv_multipart())
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._connected.set()
+            elif kind == zmq.EVENT_DISCONNECTED:
+                self._connected.clear()
+                self._fail_pending(ConnectionLostError(f"connection to {self.address} lost"))
+
+    def _fail_pending(self, err: Exception) -> None:
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+
+    def _deliver_push(self, frame: wire.Frame) -> None:
+        if self.on_push is None:
+            return
+        try:
+            result = self.on_push(frame)
+        except Exception:
+            log.exception("on_push callback failed")
+            return
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(result)
+            self._push_tasks.add(task)
+            task.add_done_callback(self._push_tasks.discard)
+
+    # ------------------------------------------------------------ shutdown
+
+    async def close(self) -> None:
+        """Close for good: in-flight requests fail with ConnectionLostError, later ones raise
+        ClientClosedError; sockets close with LINGER 0 and the context is terminated."""
+        if self._closed:
+            return
+        self._closed = True
+        self._fail_pending(ConnectionLostError(f"connection to {self.address} closed"))
+        for task in list(self._push_tasks):
+            task.cancel()
+        await asyncio.gather(*self._push_tasks, return_exceptions=True)
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        for task in self._loops:
+            task.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        self._loops = []
+        self._connected.clear()
+        if self._sock is not None:
+            if self._monitor is not None:
+                try:
+                    self._sock.disable_monitor()
+                except zmq.ZMQError:
+                    pass
+                self._monitor.close(linger=0)
+                self._monitor = None
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+
+def _expire(fut: asyncio.Future, request_id: int, timeout: float) -> None:
+    if not fut.done():
+        fut.set_exception(RequestTimeoutError(f"no response to request {request_id} within {timeout}s",
+                                              request_id=request_id, timeout=timeout))

@@ -1,0 +1,276 @@
+"""The ZeroMQ server: one ROUTER socket; each DEALER peer (by routing identity) is a connection.
+
+Guarantees (the same as the TCP server's, see docs/protocol.md):
+- Requests become tasks in arrival order per peer; responses go back to the peer's identity.
+- A frame over `max_frame_size` gets an error frame. A single message part over it is refused by
+  ZeroMQ itself (ZMQ_MAXMSGSIZE), which drops that peer's connection: memory stays bounded.
+- A frame that does not decode gets an error frame if its head parsed, else it is dropped (a ROUTER
+  cannot close one peer; the message is simply ignored).
+- A peer is *known* from its first message. It is *gone* when ZeroMQ reports its TCP connection
+  disconnected (socket monitor, matched to the peer by the connection's file descriptor), which
+  includes a peer silent past the ZMTP heartbeat timeout; `handler.connection_lost` is called once
+  and the peer leaves `connections`.
+- `close()` ends every task, closes every socket with LINGER 0 and terminates its own context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Mapping
+
+import zmq
+import zmq.asyncio
+from equeue_plugins.transport_zmq.parts import (
+    error_for_head,
+    frame_parts,
+    parse_parts,
+    plain,
+    set_common_options,
+)
+from zmq.utils.monitor import parse_monitor_message
+
+from equeue_core import frame as wire
+from equeue_core.contracts import ServerHandler, TransportSettings
+from equeue_core.errors import EQueueError, FrameTooLargeError, ProtocolError
+
+log = logging.getLogger(__name__)
+
+DRAIN_BATCH = 512  # messages taken without awaiting once the socket is readable
+
+
+class ZmqServerConnection:
+    """One DEALER peer of the ROUTER, known by its routing identity."""
+
+    def __init__(self, server: ZmqServer, conn_id: int, identity: bytes, fd: int, peer: str) -> None:
+        self.id = conn_id
+        self.peer = peer
+        self.identity = identity
+        self.fd = fd
+        self._server = server
+        self._closed = False
+        self.tasks: set[asyncio.Task] = set()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def push(self, frame: wire.Frame) -> None:
+        """Send an unsolicited frame (FLAG_PUSH is set here). Best effort: dropped if the peer is
+        gone; FrameTooLargeError (nothing sent) if over the maximum frame size."""
+        frame.flags |= wire.FLAG_PUSH
+        parts, copy = frame_parts(frame, self._server.settings.max_frame_size)
+        if not self._closed:
+            self._server._send(self.identity, parts, copy)
+
+
+class ZmqServer:
+    """A ROUTER socket serving frames to one handler. `address` is the bound (host, port)."""
+
+    def __init__(self, handler: ServerHandler, settings: TransportSettings,
+                 heartbeat_ivl: float, heartbeat_timeout: float) -> None:
+        self.handler = handler
+        self.settings = settings
+        self.address: tuple[str, int] = ("", 0)
+        self._hb = (heartbeat_ivl, heartbeat_timeout)
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._by_identity: dict[bytes, ZmqServerConnection] = {}
+        self._by_fd: dict[int, ZmqServerConnection] = {}
+        self._connections: dict[int, ZmqServerConnection] = {}
+        self._ids = itertools.count(1)
+        self._loops: list[asyncio.Task] = []
+        self._closed = False
+
+    @property
+    def connections(self) -> Mapping[int, ZmqServerConnection]:
+        """Known peers by connection id (read-only view; tests use it to check nothing leaks)."""
+        return self._connections
+
+    async def start(self, host: str, port: int) -> None:
+        self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.ROUTER)
+        try:
+            set_common_options(sock, self.settings.socket_buffer, *self._hb)
+            # Hard bound on any one message part; the per-frame check below gives the clear error.
+            sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_frame_size)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # full or unknown peer: an error, not a silent drop
+            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting peer takes over its identity
+            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            sock.bind(f"tcp://{host}:{port if port else '*'}")
+        except BaseException:
+            self._close_sockets(sock)
+            raise
+        self._sock = sock
+        endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        bound_host, _, bound_port = endpoint.rpartition("//")[2].rpartition(":")
+        self.address = (bound_host.strip("[]"), int(bound_port))
+        self._loops = [asyncio.ensure_future(self._receive_loop()),
+                       asyncio.ensure_future(self._monitor_loop())]
+
+    # ------------------------------------------------------------ receiving
+
+    async def _receive_loop(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        while True:
+            msg = await sock.recv_multipart(copy=False)
+            self._on_message(msg)
+            for _ in range(DRAIN_BATCH):
+                f = sock.recv_multipart(flags=zmq.DONTWAIT, copy=False)
+                if f.exception() is not None:
+                    if isinstance(f.exception(), zmq.Again):
+                        break
+                    raise f.exception()  # type: ignore[misc]
+                self._on_message(f.result())
+
+    def _on_message(self, msg: list[zmq.Frame]) -> None:
+        if len(msg) < 2:
+            return
+        ident_part = msg[0]
+        identity = ident_part.bytes
+        conn = self._by_identity.get(identity)
+        try:
+            fd = ident_part.get(zmq.SRCFD)
+        except zmq.ZMQError:
+            fd = -1
+        if conn is None or conn.fd != fd:
+            conn = self._register(identity, fd, ident_part)
+        try:
+            request = parse_parts(msg[1:], self.settings.max_frame_size)
+        except ProtocolError as e:
+            head = getattr(e, "head", None)
+            if head is not None and not head[4] & wire.FLAG_ONEWAY:
+                parts, copy = frame_parts(error_for_head(head, e), self.settings.max_frame_size)
+                self._send(identity, parts, copy)
+            elif head is None:
+                log.info("dropping an unparseable message from %s", conn.peer)
+            return
+        task = asyncio.ensure_future(self._serve(conn, request))
+        conn.tasks.add(task)
+        task.add_done_callback(conn.tasks.discard)
+
+    def _register(self, identity: bytes, fd: int, part: zmq.Frame) -> ZmqServerConnection:
+        old = self._by_identity.get(identity)
+        if old is not None:  # same identity, new TCP connection: the old one is gone
+            self._lost(old)
+        if fd >= 0:
+            previous = self._by_fd.get(fd)
+            if previous is not None:  # the fd was reused, so its previous owner closed
+                self._lost(previous)
+        try:
+            peer = part.get("Peer-Address")
+        except (zmq.ZMQError, UnicodeDecodeError):
+            peer = "?"
+        conn = ZmqServerConnection(self, next(self._ids), identity, fd, peer)
+        self._by_identity[identity] = conn
+        if fd >= 0:
+            self._by_fd[fd] = conn
+        self._connections[conn.id] = conn
+        return conn
+
+    async def _monitor_loop(self) -> None:
+        mon = self._monitor
+        assert mon is not None
+        while True:
+            event = parse_monitor_message(await mon.recv_multipart())
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                conn = self._by_fd.get(int(event["value"]))
+                if conn is not None:
+                    self._lost(conn)
+
+    def _lost(self, conn: ZmqServerConnection) -> None:
+        if conn._closed:
+            return
+        conn._closed = True
+        if self._by_identity.get(conn.identity) is conn:
+            del self._by_identity[conn.identity]
+        if self._by_fd.get(conn.fd) is conn:
+            del self._by_fd[conn.fd]
+        self._connections.pop(conn.id, None)
+        for task in conn.tasks:
+            task.cancel()
+        try:
+            self.handler.connection_lost(conn)
+        except Exception:
+            log.exception("handler.connection_lost failed for connection %s", conn.id)
+
+    # ------------------------------------------------------------ answering
+
+    async def _serve(self, conn: ZmqServerConnection, request: wire.Frame) -> None:
+        try:
+            response = await self.handler.handle(conn, request)
+        except asyncio.CancelledError:
+            raise
+        except EQueueError as e:
+            response = request.error_response(e.code, str(e), **plain(e.details))
+        except Exception as e:
+            log.exception("handler failed on request code %s", request.code)
+            response = request.error_response("error", f"{type(e).__name__}: {e}")
+        if response is None or request.is_oneway or conn._closed:
+            return
+        response.request_id = request.request_id
+        response.flags |= wire.FLAG_RESPONSE
+        try:
+            parts, copy = frame_parts(response, self.settings.max_frame_size)
+        except FrameTooLargeError as e:
+            parts, copy = frame_parts(request.error_response(e.code, str(e), **plain(e.details)),
+                                      self.settings.max_frame_size)
+        fut = self._send(conn.identity, parts, copy)
+        if fut is not None and not fut.done():
+            try:
+                await fut  # the peer's queue is full: wait for room (cancelled if the peer goes)
+            except zmq.ZMQError:
+                pass  # the peer went away; the monitor reports it
+
+    def _send(self, identity: bytes, parts: list, copy: bool) -> asyncio.Future | None:
+        """Send to one peer; an unreachable peer is not an error here (it is reported as lost)."""
+        if self._sock is None or self._closed:
+            return None
+        fut = self._sock.send_multipart([identity, *parts], copy=copy)
+        fut.add_done_callback(_consume_send_error)
+        return fut
+
+    # ------------------------------------------------------------ shutdown
+
+    async def close(self) -> None:
+        """Stop serving: every peer is reported lost, every task ends, every socket is closed with
+        LINGER 0 and the context is terminated."""
+        if self._closed:
+            return
+        tasks = [t for c in self._connections.values() for t in c.tasks]
+        for conn in list(self._connections.values()):
+            self._lost(conn)
+        self._closed = True
+        for task in self._loops:
+            task.cancel()
+        await asyncio.gather(*self._loops, *tasks, return_exceptions=True)
+        self._loops = []
+        if self._sock is not None:
+            self._close_sockets(self._sock)
+            self._sock = None
+
+    def _close_sockets(self, sock: zmq.asyncio.Socket) -> None:
+        if self._monitor is not None:
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self._monitor.close(linger=0)
+            self._monitor = None
+        sock.close(linger=0)
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+
+def _consume_send_error(fut: asyncio.Future) -> None:
+    if fut.cancelled():
+        return
+    exc = fut.exception()
+    if exc is not None and not isinstance(exc, zmq.ZMQError):
+        log.warning("send failed: %r", exc)
+    # EHOSTUNREACH (peer gone) and friends: the monitor reports the peer lost.
+
