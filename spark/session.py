@@ -24,9 +24,8 @@ def get_session(master: str = "local[*]", app_name: str = "equeue", shuffle_part
                 extra_conf: dict[str, str] | None = None) -> Any:
     """getOrCreate a session with the equeue source registered; reuses a running one."""
     prepare_environment()
-    from pyspark.sql import SparkSession
-
     from equeue_spark import register
+    from pyspark.sql import SparkSession
 
     builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.ui.enabled", "false")
