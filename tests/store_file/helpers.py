@@ -1,0 +1,104 @@
+"""Tiny helpers for the file-store tests: build batches, open/crash/reopen a store, damage files.
+
+"Crash" here means: stop the store the way a killed process leaves it (abort marker present,
+checkpoint not advanced, nothing written at close), while the bytes already written stay in the
+files, exactly as after kill -9. The SIGKILL test does the real thing in a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from equeue_plugins.store_file.constants import COMMITLOG_DIR, INDEX_DIR, file_name
+from equeue_plugins.store_file.queue_index import FileQueueIndex
+from equeue_plugins.store_file.store import FileMessageStore
+
+from equeue_core import record
+from equeue_core.contracts import StoreSettings
+
+SMALL_CHUNK = 64 * 1024
+
+
+def settings(path: Path, flush: str = "async", **options: object) -> StoreSettings:
+    opts: dict[str, object] = {"chunk_size": SMALL_CHUNK, "index_file_entries": 64}
+    opts.update(options)
+    return StoreSettings(str(path), flush=flush, flush_interval_ms=50, options=opts)
+
+
+def open_store(path: Path, flush: str = "async", **options: object) -> tuple[FileMessageStore, object]:
+    s = settings(path, flush, **options)
+    store = FileMessageStore(s, FileQueueIndex(s))
+    report = store.open()
+    return store, report
+
+
+def make_batch(n: int, topic: str = "t", body: bytes = b"m", tag: str | None = None,
+               first_number: int = 0) -> tuple[bytearray, list[int]]:
+    """n records whose bodies are body + b"-<number>", numbered from first_number."""
+    buf = bytearray(b"".join(record.encode_record(topic, body + b"-%d" % (first_number + i), tag=tag)
+                             for i in range(n)))
+    return buf, record.scan(buf)
+
+
+def append(store: FileMessageStore, n: int, topic: str = "t", queue_id: int = 0, **kw: object):
+    buf, starts = make_batch(n, topic, **kw)  # type: ignore[arg-type]
+    return store.append(topic, queue_id, buf, starts)
+
+
+def bodies(records: bytes | bytearray | memoryview) -> list[bytes]:
+    return [m.body for m in record.iter_records(records)]
+
+
+def read_all(store: FileMessageStore, topic: str = "t", queue_id: int = 0) -> list[record.StoredMessage]:
+    lo, hi = store.queue_range(topic, queue_id)
+    out: list[record.StoredMessage] = []
+    off = lo
+    for _ in range(10_000):
+        if off >= hi:
+            break
+        r = store.read_queue(topic, queue_id, off, 256, 1 << 24)
+        out.extend(record.iter_records(r.records))
+        off = r.next_offset
+    return out
+
+
+def crash(store: FileMessageStore) -> None:
+    """Leave the store as a killed process would: files as written, abort marker kept."""
+    # end the flusher thread without its final flush/checkpoint: a killed process gets neither
+    store._flusher._flush_fn = lambda: 0
+    store._flusher.stop()
+    store.log.close()
+    idx = store.index
+    for q in idx._queues.values():  # close fds without the clean-close bookkeeping
+        fds = q.sealed + ([q.fd] if q.fd >= 0 else []) + list(q.read_fds.values())
+        for fd in fds:
+            os.close(fd)
+        q.sealed, q.fd, q.read_fds = [], -1, {}
+    idx._closed = True
+    store._closed = True
+
+
+def chunk_paths(path: Path) -> list[Path]:
+    return sorted((path / COMMITLOG_DIR).iterdir())
+
+
+def index_file(path: Path, topic: str, queue_id: int, first: int) -> Path:
+    return path / INDEX_DIR / topic / str(queue_id) / file_name(first)
+
+
+def flip_byte(file: Path, offset: int) -> None:
+    with open(file, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def shrink_file(file: Path, by: int) -> None:
+    os.truncate(file, max(0, file.stat().st_size - by))
+
+
+def append_bytes(file: Path, data: bytes) -> None:
+    with open(file, "ab") as f:
+        f.write(data)

@@ -1,0 +1,183 @@
+"""Appending, reading, ranges, tag filters, roll-over and retention on real files."""
+
+from __future__ import annotations
+
+import pytest
+from equeue_plugins.store_file.constants import END_OF_CHUNK, file_name
+
+from equeue_core import record
+from equeue_core.errors import InvalidMessageError, MessageNotFoundError, OffsetOutOfRangeError
+from equeue_core.plugins import PluginManager
+
+from .helpers import SMALL_CHUNK, append, bodies, chunk_paths, make_batch, open_store, read_all
+
+
+def test_plugin_registers_file_for_every_storage_hook() -> None:
+    pm = PluginManager()
+    for hook in ("equeue_message_stores", "equeue_queue_indexes", "equeue_offset_stores",
+                 "equeue_store_readers"):
+        assert "file" in pm.names(hook)
+
+
+def test_append_assigns_consecutive_offsets_and_positions(tmp_path) -> None:
+    store, report = open_store(tmp_path)
+    assert report.clean and report.truncated_bytes == 0
+    r1 = append(store, 3)
+    r2 = append(store, 2)
+    assert r1.first_queue_offset == 0 and r2.first_queue_offset == 3
+    assert r2.positions[0] == r1.end_position
+    msgs = read_all(store)
+    assert [m.queue_offset for m in msgs] == [0, 1, 2, 3, 4]
+    assert [m.position for m in msgs] == r1.positions + r2.positions
+    assert [m.body for m in msgs] == [b"m-0", b"m-1", b"m-2", b"m-0", b"m-1"]
+    assert all(m.store_ts > 0 for m in msgs)
+    store.close()
+
+
+def test_queues_are_independent(tmp_path) -> None:
+    store, _ = open_store(tmp_path)
+    append(store, 2, queue_id=0)
+    append(store, 5, queue_id=1)
+    append(store, 1, topic="other", queue_id=3)
+    assert store.queue_range("t", 0) == (0, 2)
+    assert store.queue_range("t", 1) == (0, 5)
+    assert store.queues() == {"other": [3], "t": [0, 1]}
+    assert [m.queue_id for m in read_all(store, "t", 1)] == [1] * 5
+    store.close()
+
+
+def test_offset_at_max_is_empty_and_outside_range_raises(tmp_path) -> None:
+    store, _ = open_store(tmp_path)
+    append(store, 4)
+    r = store.read_queue("t", 0, 4, 32, 1 << 20)
+    assert (r.count, r.next_offset, r.min_offset, r.max_offset, bytes(r.records)) == (0, 4, 0, 4, b"")
+    with pytest.raises(OffsetOutOfRangeError) as e:
+        store.read_queue("t", 0, 5, 32, 1 << 20)
+    assert (e.value.min_offset, e.value.max_offset) == (0, 4)
+    with pytest.raises(OffsetOutOfRangeError):
+        store.read_queue("t", 0, -1, 32, 1 << 20)
+    assert store.read_queue("never", 0, 0, 32, 1 << 20).count == 0
+    store.close()
+
+
+def test_max_bytes_limits_a_pull_but_never_below_one_record(tmp_path) -> None:
+    store, _ = open_store(tmp_path)
+    r = append(store, 10)
+    size = r.positions[1] - r.positions[0]
+    pull = store.read_queue("t", 0, 0, 32, size * 3 + 1)
+    assert pull.count == 3 and pull.next_offset == 3
+    pull = store.read_queue("t", 0, 0, 32, 1)
+    assert pull.count == 1 and pull.next_offset == 1
+    store.close()
+
+
+def test_tag_filter_skips_other_tags_and_moves_next_offset_past_them(tmp_path) -> None:
+    store, _ = open_store(tmp_path)
+    for i in range(6):
+        append(store, 1, tag="a" if i % 3 == 0 else "b", first_number=i)
+    want = frozenset({record.tag_hash("a")})
+    pull = store.read_queue("t", 0, 0, 32, 1 << 20, want)
+    assert bodies(pull.records) == [b"m-0", b"m-3"]
+    assert pull.next_offset == 6
+    pull = store.read_queue("t", 0, 0, 1, 1 << 20, want)
+    assert pull.count == 1 and pull.next_offset == 1
+    pull = store.read_queue("t", 0, 1, 1, 1 << 20, want)
+    assert bodies(pull.records) == [b"m-3"] and pull.next_offset == 4
+    none = store.read_queue("t", 0, 4, 32, 1 << 20, frozenset({record.tag_hash("zzz")}))
+    assert none.count == 0 and none.next_offset == 6
+    store.close()
+
+
+def test_chunk_rollover(tmp_path) -> None:
+    store, _ = open_store(tmp_path)
+    results = [append(store, 40, queue_id=i % 2, first_number=i * 40) for i in range(80)]
+    paths = chunk_paths(tmp_path)
+    assert len(paths) >= 4
+    assert [p.name for p in paths] == [file_name(i * SMALL_CHUNK) for i in range(len(paths))]
+    for p in paths[:-1]:  # every sealed chunk ends with exactly one end-of-chunk marker
+        data = p.read_bytes()
+        assert data.endswith(END_OF_CHUNK) and len(data) <= SMALL_CHUNK
+    for r in results:  # no batch spans chunks
+        assert r.positions[0] // SMALL_CHUNK == (r.end_position - 1) // SMALL_CHUNK
+    q0 = read_all(store, "t", 0)
+    assert [m.queue_offset for m in q0] == list(range(1600))
+    assert [m.body for m in q0[:20]] == [b"m-%d" % i for i in range(20)]
+    pos = results[-1].positions[-1]
+    assert record.decode(store.read_position(pos)).position == pos
+    store.close()
+    store, report = open_store(tmp_path)
+    assert report.clean and report.truncated_bytes == 0
+    assert store.queue_range("t", 1) == (0, 1600)
+    r = append(store, 1, queue_id=1)
+    assert r.first_queue_offset == 1600 and r.positions[0] == results[-1].end_position
+    store.close()
+
+
+def test_batch_larger_than_a_chunk_is_refused(tmp_path) -> None:
+    store, _ = open_store(tmp_path, chunk_size=4096)
+    buf, starts = make_batch(1, body=b"x" * 5000)
+    with pytest.raises(InvalidMessageError):
+        store.append("t", 0, buf, starts)
+    assert store.queue_range("t", 0) == (0, 0)
+    store.close()
+
+
+def test_read_position_rejects_anything_but_a_record_start(tmp_path) -> None:
+    store, _ = open_store(tmp_path)
+    r = append(store, 3)
+    for p in r.positions:
+        assert record.decode(store.read_position(p)).position == p
+    for bad in (r.positions[1] + 1, r.end_position, r.end_position + 10_000, -1):
+        with pytest.raises(MessageNotFoundError):
+            store.read_position(bad)
+    store.close()
+
+
+def test_ring_miss_falls_back_to_mapped_chunks(tmp_path) -> None:
+    store, _ = open_store(tmp_path, ring_bytes=4 * 64 * 1024, chunk_size=1 << 20)
+    for i in range(40):
+        append(store, 50, body=b"m" * 100, first_number=i * 50)
+    assert store.log.ring.read(0, 100) is None  # lapped: the oldest bytes are no longer in the ring
+    msgs = read_all(store)
+    assert [m.body for m in msgs] == [b"m" * 100 + b"-%d" % i for i in range(2000)]
+    assert store.log.mapped_bytes() > 0
+    store.close()
+
+
+def test_offset_for_timestamp_finds_first_at_or_after(tmp_path) -> None:
+    store, _ = open_store(tmp_path)
+    append(store, 5)
+    msgs = read_all(store)
+    ts = msgs[0].store_ts
+    assert store.offset_for_timestamp("t", 0, 0) == 0
+    assert store.offset_for_timestamp("t", 0, ts) == 0
+    assert store.offset_for_timestamp("t", 0, ts + 10**9) == 5
+    store.close()
+
+
+def test_retention_deletes_whole_chunks_and_moves_min_offset(tmp_path) -> None:
+    store, _ = open_store(tmp_path)
+    results = [append(store, 40, first_number=i * 40) for i in range(80)]
+    chunks_before = chunk_paths(tmp_path)
+    cut = 2 * SMALL_CHUNK + 100
+    released = store.delete_before(cut)
+    after = chunk_paths(tmp_path)
+    assert released > 0 and len(after) == len(chunks_before) - 2
+    assert after[0].name == file_name(2 * SMALL_CHUNK)
+    first_kept = next(r for r in results if r.positions[0] >= 2 * SMALL_CHUNK).first_queue_offset
+    lo, hi = store.queue_range("t", 0)
+    assert (lo, hi) == (first_kept, 3200)
+    with pytest.raises(OffsetOutOfRangeError) as e:
+        store.read_queue("t", 0, 0, 10, 1 << 20)
+    assert e.value.min_offset == first_kept
+    with pytest.raises(MessageNotFoundError):
+        store.read_position(results[0].positions[0])
+    assert record.decode(store.read_queue("t", 0, lo, 1, 1 << 20).records).queue_offset == lo
+    assert store.delete_before(10**12) > 0  # never the chunk being written
+    assert len(chunk_paths(tmp_path)) == 1
+    store.close()
+    store, _ = open_store(tmp_path)
+    lo2, hi2 = store.queue_range("t", 0)
+    assert hi2 == 3200 and lo2 > first_kept
+    assert append(store, 1).first_queue_offset == 3200
+    store.close()
