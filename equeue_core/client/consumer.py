@@ -60,7 +60,7 @@ class AsyncConsumer:
                  commit_interval: float = 5.0, lock_interval: float = 20.0, suspend_seconds: float = 1.0,
                  offset_dir: str = ".equeue-offsets", client_id: str | None = None,
                  flow_max_messages: int = 1000, flow_max_bytes: int = 100 * MiB, flow_max_span: int = 2000,
-                 hold_ms: int = 15000) -> None:
+                 hold_ms: int = 15000, parallel_per_queue: int = 1) -> None:
         if mode not in ("clustering", "broadcasting"):
             raise ConfigError(f"mode must be 'clustering' or 'broadcasting', not {mode!r}")
         if not (consume_from in ("first", "last") or isinstance(consume_from, int)):
@@ -85,6 +85,7 @@ class AsyncConsumer:
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
         self.flow = (flow_max_messages, flow_max_bytes, flow_max_span)
         self.hold_ms = hold_ms
+        self.parallel_per_queue = max(1, parallel_per_queue)
         self.subscriptions: dict[str, str] = {}
         self._filters: dict[str, tuple[frozenset[str] | None, list[int] | None]] = {}
         self.queues: dict[QueueKey, ProcessQueue] = {}
@@ -374,9 +375,25 @@ class AsyncConsumer:
         return [r is True for r in results]
 
     def _dispatch(self, pq: ProcessQueue, msgs: list[ReceivedMessage]) -> None:
-        task = asyncio.ensure_future(self._consume(pq, msgs))
-        self._work.add(task)
-        task.add_done_callback(self._work.discard)
+        """Queue a pulled batch for handling. At most `parallel_per_queue` batches of one queue
+        run at once (1 by default: a queue's messages reach the handler in offset order while
+        different queues run in parallel on the worker pool)."""
+        pq.waiting.append(msgs)
+        self._start_ready(pq)
+
+    def _start_ready(self, pq: ProcessQueue) -> None:
+        while pq.waiting and pq.running < self.parallel_per_queue:
+            msgs = pq.waiting.popleft()
+            pq.running += 1
+            task = asyncio.ensure_future(self._consume(pq, msgs))
+            self._work.add(task)
+            task.add_done_callback(self._work.discard)
+            task.add_done_callback(lambda _t, pq=pq: self._finished_chunk(pq))
+
+    def _finished_chunk(self, pq: ProcessQueue) -> None:
+        pq.running -= 1
+        if not pq.dropped and self._running:
+            self._start_ready(pq)
 
     async def _consume(self, pq: ProcessQueue, msgs: list[ReceivedMessage]) -> None:
         oks = await self._handle(msgs)

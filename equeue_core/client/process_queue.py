@@ -21,6 +21,8 @@ class ProcessQueue:
         self.in_flight: dict[int, ReceivedMessage] = {}
         self.bytes = 0
         self.pending: deque[ReceivedMessage] = deque()  # orderly: pulled, not yet handed out
+        self.waiting: deque[list[ReceivedMessage]] = deque()  # concurrent: batches not yet started
+        self.running = 0  # concurrent: batches being handled now
         self.dropped = False
         self.locked = False
         self.last_committed: int | None = None

@@ -90,8 +90,10 @@ class AsyncProducer:
 
     # ---------------------------------------------------------------- batching
 
-    def _enqueue(self, route: _Route, message: Message, routing_key: str | None) -> concurrent.futures.Future:
-        """Add a message to its queue's open batch (any thread); returns its result future."""
+    def _enqueue(self, route: _Route, message: Message, routing_key: str | None,
+                 linger: bool = True) -> concurrent.futures.Future:
+        """Add a message to its queue's open batch (any thread); returns its result future.
+        Without linger the batch goes at the loop's next turn, taking whatever joined it by then."""
         if self._closed:
             raise ClientClosedError("the producer is closed")
         queue_id = self._select(route, routing_key)
@@ -115,7 +117,10 @@ class AsyncProducer:
         if full:
             loop.call_soon_threadsafe(self._dispatch, key, batch)
         elif new:
-            loop.call_soon_threadsafe(self._arm_linger, key, batch)
+            if linger:
+                loop.call_soon_threadsafe(self._arm_linger, key, batch)
+            else:
+                loop.call_soon_threadsafe(self._linger_expired, key, batch)
         return fut
 
     def _arm_linger(self, key: tuple[str, int], batch: _OpenBatch) -> None:
@@ -261,15 +266,17 @@ class Producer:
             r = run_sync(self._async.route(topic))
         return r
 
-    def send_async(self, message: Message, routing_key: str | None = None) -> concurrent.futures.Future:
+    def send_async(self, message: Message, routing_key: str | None = None,
+                   linger: bool = True) -> concurrent.futures.Future:
         """Queue a message for the next batch; the future gives its SendResult."""
         self._check()
         if message.delay_level is not None or message.deliver_at is not None:
             return asyncio.run_coroutine_threadsafe(self._async.send(message, routing_key), background_loop())
-        return self._async._enqueue(self._route(message.topic), message, routing_key)
+        return self._async._enqueue(self._route(message.topic), message, routing_key, linger)
 
     def send(self, message: Message, routing_key: str | None = None, timeout: float | None = None) -> SendResult:
-        return self.send_async(message, routing_key).result(timeout or self._async.send_timeout * 3)
+        """Send one message and wait for its result (no linger: it leaves at once)."""
+        return self.send_async(message, routing_key, linger=False).result(timeout or self._async.send_timeout * 3)
 
     def send_oneway(self, message: Message, routing_key: str | None = None) -> None:
         """Send without waiting for (or reporting) the result."""

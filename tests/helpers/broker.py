@@ -1,0 +1,105 @@
+"""Run a real broker process for a test: `with start_broker(tmp_path) as b: Producer(b.address)`.
+
+The broker runs as `python -m equeue_core.cli.main broker` on 127.0.0.1 with a free port; the
+helper waits for its "listening" line, and stop()/kill() always reap the process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class BrokerProcess:
+    def __init__(self, data_dir: Path, store: str = "file", transport: str = "tcp", flush: str = "async",
+                 port: int | None = None, env: dict[str, str] | None = None, config: str | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.store = store
+        self.transport = transport
+        self.flush = flush
+        self.port = port or free_port()
+        self.env = env or {}
+        self.config = config
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.data_dir.parent / f"broker-{self.data_dir.name}-{self.port}.log"
+
+    @property
+    def address(self) -> str:
+        return f"{self.transport}://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> BrokerProcess:
+        cmd = [sys.executable, "-m", "equeue_core.cli.main", "broker", "--data-dir", str(self.data_dir),
+               "--host", "127.0.0.1", "--port", str(self.port), "--store", self.store,
+               "--transport", self.transport, "--flush", self.flush]
+        if self.config:
+            cmd += ["--config", self.config]
+        env = dict(os.environ, **self.env)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, env=env)
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if b"listening on" in line:
+                return self
+        self.kill()
+        raise RuntimeError(f"broker did not start; log: {self.log_path.read_text()[-3000:]}")
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait: the broker flushes and persists offsets on the way out."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self._reap()
+
+    def kill(self) -> int:
+        """SIGKILL: a crash, nothing flushed on the way out."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        return self._reap()
+
+    def _reap(self) -> int:
+        assert self.proc is not None
+        rc = self.proc.returncode
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        self._log.close()
+        self.proc = None
+        return rc
+
+    def restart(self) -> BrokerProcess:
+        self.stop()
+        return self.start()
+
+    def __enter__(self) -> BrokerProcess:
+        return self if self.proc else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill() if exc[0] is not None else self.stop()
+
+
+def start_broker(tmp_path: Path, name: str = "data", **kwargs) -> BrokerProcess:
+    """A started broker whose data dir is tmp_path/name; use it as a context manager."""
+    return BrokerProcess(Path(tmp_path) / name, **kwargs).start()

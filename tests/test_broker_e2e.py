@@ -1,0 +1,154 @@
+"""The broker end to end: a real broker process, real files, real sockets, on every store and transport."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from equeue_core.client import AdminClient, Message, Producer
+from tests.helpers.consume import consume
+
+
+def _check_in_order(items, topic):
+    by_queue: dict[int, list[int]] = {}
+    for t, q, off, _body in items:
+        assert t == topic
+        by_queue.setdefault(q, []).append(off)
+    for q, offs in by_queue.items():
+        assert offs == sorted(offs), f"queue {q} out of order"
+    return by_queue
+
+
+def test_messages_over_4_queues_are_consumed_completely_in_queue_order(broker, stack):
+    n = 100_000 if stack == ("file", "tcp") else 20_000
+    with Producer(broker.address) as p:
+        sent = []
+        for i in range(0, n, 1000):
+            sent += p.send_batch([Message("orders", f"m{j}".encode()) for j in range(i, i + 1000)])
+    assert {r.queue_id for r in sent} == {0, 1, 2, 3}
+    col = consume(broker.address, "g-all", "orders", n, timeout=120)
+    assert len(col.items) == n
+    assert sorted(b for *_, b in col.items) == sorted(f"m{j}".encode() for j in range(n))
+    by_queue = _check_in_order(col.items, "orders")
+    assert sum(len(v) for v in by_queue.values()) == n
+    for q, offs in by_queue.items():
+        assert offs == list(range(len(offs)))
+
+
+def test_restart_resumes_from_committed_offsets(broker):
+    with Producer(broker.address) as p:
+        p.send_batch([Message("t", f"a{i}".encode()) for i in range(1000)])
+    first = consume(broker.address, "g", "t", 1000)
+    assert len(first.items) == 1000
+    broker.restart()
+    with Producer(broker.address) as p:
+        p.send_batch([Message("t", f"b{i}".encode()) for i in range(500)])
+    second = consume(broker.address, "g", "t", 500, timeout=30)
+    time.sleep(0.5)
+    bodies = sorted(b for *_, b in second.items)
+    assert bodies == sorted(f"b{i}".encode() for i in range(500)), "re-read or lost messages after restart"
+
+
+def test_kill9_during_sync_flush_keeps_every_acknowledged_message(tmp_path, stack):
+    from tests.helpers.broker import BrokerProcess
+
+    store, transport = stack
+    b = BrokerProcess(tmp_path / "data", store=store, transport=transport, flush="sync").start()
+    acked: list = []
+    stop = threading.Event()
+
+    def produce():
+        try:
+            with Producer(b.address, retries=0, send_timeout=5) as p:
+                i = 0
+                while not stop.is_set() and i < 200_000:
+                    batch = [Message("crash", f"c{i + k}".encode()) for k in range(20)]
+                    res = p.send_batch(batch)
+                    acked.extend((r.queue_id, r.queue_offset, m.body) for r, m in zip(res, batch, strict=True))
+                    i += 20
+        except Exception:
+            pass  # the broker died under us: what was acknowledged before is what counts
+
+    t = threading.Thread(target=produce)
+    t.start()
+    deadline = time.monotonic() + 20
+    while len(acked) < 2000 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    b.kill()
+    stop.set()
+    t.join(30)
+    assert len(acked) >= 2000
+    b.start()
+    try:
+        with AdminClient(b.address) as admin:
+            ranges = admin.queue_ranges("crash")
+            stored = {}
+            for q, (lo, hi) in enumerate(ranges):
+                msgs = admin.read_queue("crash", q, lo, hi - lo)
+                assert [m.queue_offset for m in msgs] == list(range(lo, hi)), "index not consistent"
+                stored.update({(q, m.queue_offset): m.body for m in msgs})
+        for q, off, body in acked:
+            assert stored.get((q, off)) == body, f"acknowledged message {q}@{off} lost"
+    finally:
+        b.stop()
+
+
+def test_held_pull_answers_soon_after_a_send(broker):
+    import asyncio
+
+    from equeue_core.client.connection import BrokerConnection
+    from equeue_core.codes import Code
+
+    with Producer(broker.address) as p:
+        p.send(Message("lp", b"first"), routing_key="k")
+        q = p.send(Message("lp", b"x"), routing_key="k").queue_id
+
+        async def held_pull():
+            conn = await BrokerConnection(broker.address).connect()
+            try:
+                start = time.monotonic()
+                resp = await conn.request(Code.PULL, {"group": "g", "topic": "lp", "queue_id": q, "offset": 2,
+                                                      "max_count": 32, "hold_ms": 15000}, timeout=30)
+                return resp.header, time.monotonic() - start, time.monotonic()
+            finally:
+                await conn.close()
+
+        result = {}
+        th = threading.Thread(target=lambda: result.update(r=asyncio.run(held_pull())))
+        th.start()
+        time.sleep(1.0)
+        sent_at = time.monotonic()
+        p.send(Message("lp", b"wake"), routing_key="k")
+        th.join(20)
+    header, held_for, answered_at = result["r"]
+    assert header["count"] == 1
+    assert held_for >= 0.9, "the pull was not held"
+    assert answered_at - sent_at < 0.5, "the held pull was not woken by the arrival"
+
+
+@pytest.mark.parametrize("mode", ["tags"])
+def test_tag_filter_delivers_only_matching_tags(file_broker, mode):
+    from equeue_core.client import Consumer
+    from tests.helpers.consume import Collector
+
+    with Producer(file_broker.address) as p:
+        p.send_batch([Message("tagged", f"{i}".encode(), tag=("a", "b", "c")[i % 3]) for i in range(300)])
+    col = Collector(200)
+    c = Consumer("gt", file_broker.address, consume_from="first").subscribe("tagged", "a || c")
+    c.start(col)
+    assert col.wait(30)
+    time.sleep(0.5)
+    c.close()
+    assert len(col.messages) == 200
+    assert {m.tag for m in col.messages} == {"a", "c"}
+
+
+def test_message_can_be_fetched_by_its_id(file_broker):
+    with Producer(file_broker.address) as p:
+        r = p.send(Message("ids", b"find me", tag="x", keys=("k1",), properties={"p": "v"}))
+    with AdminClient(file_broker.address) as admin:
+        m = admin.get_message(r.msg_id)
+    assert (m.body, m.tag, m.keys, m.properties["p"], m.queue_offset) == (b"find me", "x", ("k1",), "v", r.queue_offset)
+    assert m.msg_id == r.msg_id
