@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+from equeue_plugins.transport_zmq.plugin import ZmqTransport
 
 from equeue_core.contracts import TransportSettings
 from equeue_core.errors import ConnectionLostError
 from equeue_core.frame import Frame
-from equeue_plugins.transport_zmq.plugin import ZmqTransport
 
 from .harness import ECHO, HOLD, ScriptedHandler, run, wait_until
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from equeue_plugins.transport_zmq.plugin import ZmqTransport
+
 from equeue_core.contracts import TransportSettings
 from equeue_core.frame import Frame
-from equeue_plugins.transport_zmq.plugin import ZmqTransport
 
 HOLD = 4
 
