@@ -13,7 +13,7 @@ class Code(IntEnum):
     SEND = 1             # {topic, queue_id} + body: records -> {queue_id, first_offset, positions, id_prefix}
     ROUTE = 2            # {topic, create?} -> {topic, queues, broker, id_prefix}
     # consumer
-    PULL = 10            # {group, topic, queue_id, offset, max_count, tags?, hold_ms}
+    PULL = 10            # {group, topic, queue_id, offset, max_count, tags?, hold_ms, strict?}
                          #   -> {status, next_offset, min_offset, max_offset, count} + body: records
     COMMIT_OFFSETS = 11  # {group, offsets: [[topic, queue_id, offset], ...]} -> {}
     QUERY_OFFSET = 12    # {group, topic, queue_id} -> {offset: int | None, min_offset, max_offset}

@@ -20,11 +20,12 @@ from equeue_core import msgid, record
 from equeue_core.broker.groups import GroupRegistry
 from equeue_core.broker.long_poll import PullHold
 from equeue_core.broker.schedule import Scheduler
-from equeue_core.broker.topics import DLQ_PREFIX, RETRY_PREFIX, TopicRegistry
+from equeue_core.broker.topics import DLQ_PREFIX, RETRY_PREFIX, TopicRegistry, check_topic_name
 from equeue_core.codes import Code, PullStatus
 from equeue_core.config import Config, parse_delay_levels
 from equeue_core.contracts import ServerConnection, StoreSettings, TransportSettings
 from equeue_core.errors import (
+    CorruptRecordError,
     EQueueError,
     InvalidMessageError,
     OffsetOutOfRangeError,
@@ -192,12 +193,17 @@ class Broker:
         h = frame.header
         topic = _str(h, "topic")
         queue_id = _int(h, "queue_id")
-        self.topics.queues(topic, create=True)
+        if topic not in self.topics.topics:
+            check_topic_name(topic)
+            self.topics.queues(topic, create=True)
         self.topics.check_queue(topic, queue_id)
         if not frame.body:
             raise InvalidMessageError("a send carries at least one message")
         batch = bytearray(frame.body)
-        starts = record.scan(batch, topic=topic.encode(), max_body=self.config.max_body_size)
+        try:
+            starts = record.scan(batch, topic=topic.encode(), max_body=self.config.max_body_size)
+        except CorruptRecordError as e:
+            raise InvalidMessageError(f"malformed message batch: {e}") from None
         delayed = self.scheduler.due_time(h)
         if delayed is not None:
             result = self.scheduler.schedule_batch(topic, queue_id, batch, starts, *delayed)
@@ -214,6 +220,8 @@ class Broker:
     async def on_route(self, conn: ServerConnection, frame: Frame) -> Frame:
         topic = _str(frame.header, "topic")
         create = bool(frame.header.get("create", False))
+        if create:
+            check_topic_name(topic)  # producers never create system topics
         system = topic.startswith((RETRY_PREFIX, DLQ_PREFIX))
         queues = self.topics.queues(topic, create=create, system=system)
         return frame.response({"topic": topic, "queues": queues,
@@ -236,6 +244,8 @@ class Broker:
                 res = self.store.read_queue(topic, queue_id, offset, max_count,
                                             self.config.pull_max_bytes, tag_hashes)
             except OffsetOutOfRangeError as e:
+                if h.get("strict"):
+                    raise
                 lo, hi = e.min_offset, e.max_offset
                 nxt = lo if offset < lo else hi
                 return frame.response({"status": PullStatus.OFFSET_RESET, "next_offset": nxt,

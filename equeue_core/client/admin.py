@@ -9,7 +9,7 @@ from equeue_core.broker.topics import DLQ_PREFIX
 from equeue_core.client.connection import BrokerConnection
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, received_from
-from equeue_core.codes import Code, PullStatus
+from equeue_core.codes import Code
 from equeue_core.errors import TopicNotFoundError
 
 
@@ -64,11 +64,8 @@ class AsyncAdminClient:
         while len(out) < count:
             resp = await self._conn.request(Code.PULL, {"group": "%ADMIN%", "topic": topic, "queue_id": queue_id,
                                                         "offset": offset, "max_count": min(256, count - len(out)),
-                                                        "hold_ms": 0})
+                                                        "hold_ms": 0, "strict": True})
             h = resp.header
-            if h["status"] == PullStatus.OFFSET_RESET:
-                offset = h["next_offset"]
-                continue
             if not h["count"]:
                 break
             out.extend(received_from(resp.body, s, self._id_prefix) for s in record.scan(resp.body))
