@@ -1,0 +1,116 @@
+"""Engine-independent read logic over (index entries, records): pulls with tag filters, binary
+searches by time and by position, Arrow export. The engine supplies two lookups that run in one
+snapshot (an LMDB read txn, a RocksDB view), so a pull never mixes two states of the store.
+
+Guarantees: every record returned has been checked with record.verify (size, magic, lengths,
+crc) and matches its index entry's size, so a damaged record raises CorruptRecordError instead of
+being served; entries or records that vanished under the reader (retention racing a pull) raise
+OffsetOutOfRangeError carrying the new bounds.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from equeue_core.contracts import PullResult
+from equeue_core.errors import CorruptRecordError, OffsetOutOfRangeError
+from equeue_core.record import INDEX_ENTRY, INDEX_ENTRY_SIZE, OFF_STORE_TS, verify
+
+_TS = struct.Struct("<q")
+
+# A filtered pull scans at most this many index entries before it answers with its progress, so
+# a selective subscription on a long queue cannot pin the reader; the caller resumes at next_offset.
+MAX_SCAN = 4096
+SCAN_WINDOW = 256
+
+EntriesFn = Callable[[int, int], bytes]
+"""(first queue offset, count) -> packed INDEX_ENTRY bytes for the offsets that exist."""
+RecordsFn = Callable[[Sequence[int]], Sequence[bytes | None]]
+"""positions -> record bytes (None where no record is stored)."""
+
+
+def out_of_range(offset: int, lo: int, hi: int) -> OffsetOutOfRangeError:
+    return OffsetOutOfRangeError(f"queue offset {offset} is outside [{lo}, {hi}]", min_offset=lo, max_offset=hi)
+
+
+def check_record(rec: bytes | None, offset: int, size: int, lo: int, hi: int) -> bytes:
+    """The record if intact; a missing one means retention won the race, a bad one is corrupt."""
+    if rec is None:
+        raise out_of_range(offset, lo, hi)
+    if len(rec) != size:
+        raise CorruptRecordError(f"record at queue offset {offset}: {len(rec)} bytes, index says {size}")
+    verify(rec)
+    return rec
+
+
+def pull(entries: EntriesFn, records: RecordsFn, offset: int, lo: int, hi: int, max_count: int,
+         max_bytes: int, tag_hashes: frozenset[int] | None) -> PullResult:
+    """MessageStore.read_queue over one snapshot whose queue range is [lo, hi).
+
+    next_offset is past every entry scanned; when max_count or max_bytes stops the pull it is the
+    first record not served. The first matching record is always served, even if larger than
+    max_bytes, so an oversized record never stalls a consumer.
+    """
+    if offset < lo or offset > hi:
+        raise out_of_range(offset, lo, hi)
+    out: list[bytes] = []
+    total = 0
+    nxt = offset
+    scanned = 0
+    unpack = INDEX_ENTRY.unpack_from
+    while nxt < hi and len(out) < max_count and scanned < MAX_SCAN:
+        want = min(hi - nxt, max_count - len(out) if tag_hashes is None else SCAN_WINDOW)
+        raw = entries(nxt, want)
+        n = len(raw) // INDEX_ENTRY_SIZE
+        if n < want:
+            raise out_of_range(nxt + n, lo, hi)
+        picked: list[tuple[int, int, int]] = []
+        for i in range(n):
+            pos, size, th = unpack(raw, i * INDEX_ENTRY_SIZE)
+            if tag_hashes is None or th in tag_hashes:
+                picked.append((nxt + i, pos, size))
+                if len(picked) + len(out) >= max_count:
+                    break
+        recs = records([p for _, p, _ in picked]) if picked else ()
+        for (off, _pos, size), rec in zip(picked, recs, strict=True):
+            if out and total + size > max_bytes:
+                return PullResult(b"".join(out), len(out), off, lo, hi)
+            out.append(check_record(rec, off, size, lo, hi))
+            total += size
+            if len(out) >= max_count:
+                return PullResult(b"".join(out), len(out), off + 1, lo, hi)
+        nxt += n
+        scanned += n
+    return PullResult(b"".join(out), len(out), nxt, lo, hi)
+
+
+def bisect_first(lo: int, hi: int, pred: Callable[[int], bool]) -> int:
+    """The first offset in [lo, hi) for which the monotone pred holds, else hi."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pred(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def store_ts(rec: bytes) -> int:
+    return _TS.unpack_from(rec, OFF_STORE_TS)[0]
+
+
+def export_batches(read_chunk: Callable[[int, int], list[bytes]], start: int, end: int, batch_rows: int,
+                   address: tuple[str, int]) -> Iterator[Any]:
+    """RecordBatches for [start, end), batch_rows at a time; read_chunk(offset, n) returns n
+    verified records (each chunk from one snapshot)."""
+    from equeue_core.export import records_to_arrow
+
+    batch_rows = max(1, batch_rows)
+    off = start
+    while off < end:
+        n = min(batch_rows, end - off)
+        recs = read_chunk(off, n)
+        yield records_to_arrow(((r, 0) for r in recs), address)
+        off += n

@@ -1,0 +1,186 @@
+"""RocksMessageStore: the commit log as the `log` column family keyed by a global record sequence.
+
+Guarantees:
+- One WriteBatch per append: the records, their index entries, the queue's new range and the next
+  position are one WAL record, applied all or nothing; after a crash RocksDB replays the WAL up to
+  the last intact batch, so a torn record is never visible.
+- Writes go to the WAL without fsync (WriteOptions.sync = False): the WAL bytes are in the OS page
+  cache when append returns, so a SIGKILL loses nothing appended. The Flusher thread makes them
+  durable against power loss with FlushWAL(sync=true): every interval in async mode, as soon as
+  anyone waits in sync mode (group commit), and wait_flushed(end) resolves only after a WAL sync
+  that started after end was written. store_options.rocksdb.commit_sync = true syncs every write
+  instead (slower; the fsync then runs on the writer's thread).
+- Position = the record's sequence number (0, 1, 2 ...), never reused; end_position = last + 1.
+- Retention is a range delete (cheap, whatever the count) followed by a compaction of the deleted
+  key range of the log, so disk space comes back at once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import struct
+import threading
+from collections.abc import Sequence
+
+import rocksdict
+
+from equeue_core.contracts import AppendResult, PullResult, QueueIndex, RecoveryReport, StoreSettings
+from equeue_core.errors import CorruptRecordError, PluginError, StoreError
+from equeue_core.flush import Flusher
+from equeue_core.record import index_entries, now_ms, stamp_batch
+
+from . import database, keys, queries
+from .index import RocksQueueIndex
+from .view import View
+
+_U32 = struct.Struct("<I")
+
+
+def write_options(sync: bool) -> rocksdict.WriteOptions:
+    opts = rocksdict.WriteOptions()
+    opts.sync = sync
+    return opts
+
+
+class RocksMessageStore:
+    def __init__(self, settings: StoreSettings, index: QueueIndex) -> None:
+        if not isinstance(index, RocksQueueIndex):
+            raise PluginError(f"the rocksdb message store needs the rocksdb queue index, not {type(index).__name__}")
+        self.settings = settings
+        self.index = index
+        self.shared = database.acquire(settings.data_dir, settings.options)
+        self.view = View(self.shared)
+        self.commit_sync = bool(settings.options.get("commit_sync", False))
+        self._write_opts = write_options(self.commit_sync)
+        self._sync_opts = write_options(True)
+        self.flusher = Flusher(self._sync, settings.flush, settings.flush_interval_ms, name="equeue-rocksdb-flusher")
+        self._next = 0
+        self._min = 0
+        self._opened = False
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def open(self) -> RecoveryReport:
+        """RocksDB has already replayed its WAL (dropping a torn tail batch); this checks the newest
+        record of every queue and reports whether the last stop was clean."""
+        state = dict(self.shared.view["state"].items())
+        fresh = keys.NEXT_POSITION not in state
+        self._next = keys.U64_VALUE.unpack(state[keys.NEXT_POSITION])[0] if not fresh else 0
+        self._min = keys.U64_VALUE.unpack(state[keys.MIN_POSITION])[0] if keys.MIN_POSITION in state else 0
+        clean = fresh or state.get(keys.CLEAN) == b"\x01"
+        self._put_state(keys.CLEAN, b"\x00")
+        notes = ["new store"] if fresh else []
+        for (topic, qid), (lo, hi) in self.index.ranges().items():
+            if hi > lo:
+                pos, size, _ = self.view.entry(topic, qid, hi - 1)
+                try:
+                    queries.check_record(self.view.records([pos])[0], hi - 1, size, lo, hi)
+                except CorruptRecordError as e:
+                    raise StoreError(f"{topic}/{qid}: newest record is damaged ({e}); the RocksDB "
+                                     f"files are corrupt, restore them from a copy") from e
+        if not clean:
+            notes.append("unclean stop: RocksDB replayed its WAL; nothing to truncate or rebuild")
+        self.flusher.start(self._next)
+        self._opened = True
+        return RecoveryReport(clean=clean, records=self._next - self._min, notes=notes)
+
+    def _put_state(self, key: bytes, value: bytes) -> None:
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        wb.put(key, value, self.shared.cf["state"])
+        self.shared.db.write(wb, self._sync_opts)
+
+    def _sync(self) -> int:
+        end = self._next
+        self.shared.db.flush_wal(True)
+        return end
+
+    def flush(self) -> None:
+        self.shared.db.flush_wal(True)
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._opened:
+            self.flusher.stop()
+            self._put_state(keys.CLEAN, b"\x01")
+        database.release(self.shared)
+
+    # -- writer ---------------------------------------------------------------------------------
+
+    def append(self, topic: str, queue_id: int, batch: bytearray, starts: Sequence[int]) -> AppendResult:
+        """One WriteBatch for the whole batch: records, index entries, queue range, next position."""
+        first_offset = self.index.queue_range(topic, queue_id)[1]
+        n = len(starts)
+        if n == 0:
+            return AppendResult(first_offset, [], self._next)
+        first = self._next
+        positions = list(range(first, first + n))
+        stamp_batch(batch, starts, positions, first_offset, queue_id, now_ms())
+        entries = index_entries(batch, starts, positions)
+        raw = bytes(batch)  # rocksdict's raw mode takes bytes only: one copy, then slices
+        size_of = _U32.unpack_from
+        pack = keys.POSITION.pack
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        put = wb.put
+        cf = self.shared.cf["log"]
+        for s, p in zip(starts, positions, strict=True):
+            put(pack(p), raw[s:s + size_of(raw, s)[0]], cf)
+        new_range = self.index.stage(wb, topic, queue_id, first_offset, entries)
+        end = first + n
+        put(keys.NEXT_POSITION, keys.U64_VALUE.pack(end), self.shared.cf["state"])
+        try:
+            self.shared.db.write(wb, self._write_opts)
+        except Exception as e:  # rocksdict raises plain Exception for RocksDB status errors
+            raise StoreError(f"RocksDB append failed: {e}") from e
+        self._next = end
+        self.index.publish(topic, queue_id, new_range)
+        self.flusher.written(end)
+        return AppendResult(first_offset, positions, end)
+
+    def wait_flushed(self, end_position: int) -> concurrent.futures.Future:
+        return self.flusher.wait(end_position)
+
+    def delete_before(self, position: int) -> int:
+        """Range-delete every record below position and its index entries in one WriteBatch, then
+        compact that range. Returns the number of records released."""
+        position = min(position, self._next)
+        if position <= self._min:
+            return 0
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        published = []
+        for (topic, qid), (lo, hi) in self.index.ranges().items():
+            boundary = queries.bisect_first(lo, hi, lambda o, t=topic, q=qid: self.view.entry(t, q, o)[0] >= position)
+            if boundary > lo:
+                published.append((topic, qid, self.index.drop_below(wb, topic, qid, boundary)))
+        wb.delete_range(keys.log_key(self._min), keys.log_key(position), self.shared.cf["log"])
+        wb.put(keys.MIN_POSITION, keys.U64_VALUE.pack(position), self.shared.cf["state"])
+        self.shared.db.write(wb, self._sync_opts)
+        for topic, qid, new_range in published:
+            self.index.publish(topic, qid, new_range)
+        self.shared.view["log"].compact_range(None, keys.log_key(position))
+        released = position - self._min
+        self._min = position
+        return released
+
+    # -- reads (any thread) ---------------------------------------------------------------------
+
+    def read_queue(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int,
+                   tag_hashes: frozenset[int] | None = None) -> PullResult:
+        return self.view.pull(topic, queue_id, offset, max_count, max_bytes, tag_hashes,
+                              self.index.queue_range(topic, queue_id))
+
+    def read_position(self, position: int) -> bytes:
+        return self.view.record(position)
+
+    def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]:
+        return self.index.queue_range(topic, queue_id)
+
+    def queues(self) -> dict[str, list[int]]:
+        return self.index.queues()
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int:
+        return self.view.offset_for_timestamp(topic, queue_id, ts_ms, self.index.queue_range(topic, queue_id))

@@ -1,0 +1,111 @@
+"""Reads over a RocksDB instance (primary or secondary): queue ranges, index entries, records.
+
+There is no cross-column-family snapshot in rocksdict's API (its Snapshot has no point get), so
+consistency comes from the write path instead: one WriteBatch puts a batch's records, its index
+entries and the queue's new range atomically, so a visible range or entry always has its records.
+Only retention can remove something between two reads, and that surfaces as
+OffsetOutOfRangeError with the bounds read afterwards (queries.pull / check_record).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import rocksdict
+
+from equeue_core.contracts import PullResult
+from equeue_core.errors import MessageNotFoundError
+from equeue_core.record import INDEX_ENTRY, INDEX_ENTRY_SIZE, verify
+
+from . import keys, queries
+from .database import SharedDb
+
+
+class View:
+    def __init__(self, shared: SharedDb) -> None:
+        # Column family views are looked up per call, never kept: a kept view would keep RocksDB
+        # open after the last release (see database.release).
+        self.shared = shared
+
+    @property
+    def log(self) -> rocksdict.Rdict:
+        return self.shared.view["log"]
+
+    @property
+    def index(self) -> rocksdict.Rdict:
+        return self.shared.view["index"]
+
+    @property
+    def queues_cf(self) -> rocksdict.Rdict:
+        return self.shared.view["queues"]
+
+    def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]:
+        v = self.queues_cf.get(keys.queue_key(topic, queue_id))
+        return keys.QUEUE_RANGE.unpack(v) if v is not None else (0, 0)
+
+    def ranges(self) -> dict[tuple[str, int], tuple[int, int]]:
+        return {keys.parse_queue_key(k): keys.QUEUE_RANGE.unpack(v) for k, v in self.queues_cf.items()}
+
+    def queues(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for topic, qid in sorted(self.ranges()):
+            out.setdefault(topic, []).append(qid)
+        return out
+
+    def entries(self, topic: str, queue_id: int, offset: int, count: int) -> bytes:
+        """Packed entries for [offset, offset + count), stopping at the first missing one."""
+        if count <= 0:
+            return b""
+        prefix = keys.queue_key(topic, queue_id)
+        got = self.index.get([keys.index_key(prefix, o) for o in range(offset, offset + count)])
+        out = []
+        for v in got:
+            if v is None:
+                break
+            out.append(v)
+        return b"".join(out)
+
+    def entry(self, topic: str, queue_id: int, offset: int) -> tuple[int, int, int]:
+        v = self.index.get(keys.index_key(keys.queue_key(topic, queue_id), offset))
+        if v is None:
+            raise MessageNotFoundError(f"no index entry for {topic}/{queue_id}@{offset}")
+        return INDEX_ENTRY.unpack(v)
+
+    def records(self, positions: Sequence[int]) -> list[bytes | None]:
+        pack = keys.POSITION.pack
+        return self.log.get([pack(p) for p in positions])
+
+    def record(self, position: int) -> bytes:
+        rec = self.log.get(keys.log_key(position))
+        if rec is None:
+            raise MessageNotFoundError(f"no record at position {position}")
+        verify(rec)
+        return rec
+
+    def pull(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int,
+             tag_hashes: frozenset[int] | None, bounds: tuple[int, int] | None = None) -> PullResult:
+        lo, hi = bounds if bounds is not None else self.queue_range(topic, queue_id)
+        return queries.pull(lambda o, n: self.entries(topic, queue_id, o, n), self.records,
+                            offset, lo, hi, max_count, max_bytes, tag_hashes)
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int,
+                             bounds: tuple[int, int] | None = None) -> int:
+        lo, hi = bounds if bounds is not None else self.queue_range(topic, queue_id)
+
+        def at_or_after(o: int) -> bool:
+            return queries.store_ts(self.record(self.entry(topic, queue_id, o)[0])) >= ts_ms
+
+        return queries.bisect_first(lo, hi, at_or_after)
+
+    def read_chunk(self, topic: str, queue_id: int, offset: int, count: int) -> list[bytes]:
+        """Exactly count verified records from offset on (OffsetOutOfRangeError if any is gone)."""
+        lo, hi = self.queue_range(topic, queue_id)
+        if offset < lo or offset + count > hi:
+            raise queries.out_of_range(offset if offset < lo else offset + count, lo, hi)
+        raw = self.entries(topic, queue_id, offset, count)
+        if len(raw) != count * INDEX_ENTRY_SIZE:
+            raise queries.out_of_range(offset, *self.queue_range(topic, queue_id))
+        ents = [INDEX_ENTRY.unpack_from(raw, i * INDEX_ENTRY_SIZE) for i in range(count)]
+        recs = self.records([e[0] for e in ents])
+        return [queries.check_record(r, offset + i, e[1], lo, hi)
+                for i, (e, r) in enumerate(zip(ents, recs, strict=True))]
