@@ -3,9 +3,10 @@
 What it trusts (docs/format.md, "What a concurrent reader may trust"): the writer appends a record
 to the commit log before it appends the record's index entry, so an index entry that exists points
 at bytes already written. The reader still verifies every record it serves (record.verify: size,
-magic, lengths, crc, and the stamped position) and stops at the first that fails; queue_range()
-checks the newest entry's record and, if that one does not verify (a crashed broker that has not
-recovered yet), walks forward from the last verified offset to the first bad one. Chunks deleted
+magic, lengths, crc, and the stamped position) and stops at the first that fails. queue_range()
+trusts entries pointing below the writer's checkpoint (durable, and valid when it was written) and
+verifies every later one once, stopping at the first that fails (e.g. a crashed broker that has
+not recovered yet), so its end is safe. Chunks deleted
 by retention while a read is under way end that read at the last record it could still get.
 """
 
@@ -22,9 +23,10 @@ from equeue_core.export import broker_address_of, records_to_arrow
 from equeue_core.record import HEADER_SIZE, INDEX_ENTRY, INDEX_ENTRY_SIZE, OFF_POSITION, verify
 
 from .commit_log import list_chunks
-from .constants import COMMITLOG_DIR, DEFAULT_CHUNK_SIZE, OFFSETS, file_name
+from .constants import CHECKPOINT, COMMITLOG_DIR, DEFAULT_CHUNK_SIZE, OFFSETS, file_name
 from .offsets import load_offsets_file
 from .queue_index import FileQueueIndex
+from .recovery import read_checkpoint
 from .store_info import load_store_info
 
 _U64 = struct.Struct("<Q")
@@ -83,13 +85,15 @@ class FileStoreReader:
         if hi <= lo:
             return (lo, max(lo, hi))
         key = (topic, queue_id)
-        good = max(self._good.get(key, lo), lo)
+        good = self._good.get(key, lo)
+        if good < lo:
+            good = lo
         if good < hi:
-            last = self.index.read(topic, queue_id, hi - 1, 1)
-            if len(last) == INDEX_ENTRY_SIZE and self._record_ok(last):
-                good = hi
-            else:
-                good = self._verify_forward(topic, queue_id, good, hi)
+            # records below the writer's checkpoint are durable and were valid when it was written;
+            # everything after it is verified here, once, and remembered
+            checkpoint = read_checkpoint(os.path.join(self.path, CHECKPOINT)) or 0
+            good = max(good, self._first_at_or_after(topic, queue_id, good, hi, checkpoint))
+            good = self._verify_forward(topic, queue_id, good, hi)
         self._good[key] = good
         return (lo, good)
 
