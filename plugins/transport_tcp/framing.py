@@ -149,7 +149,7 @@ class FrameReader:
                     self._start = self._end = 0
             self._need = 0
             try:
-                decoded = wire.decode(data)
+                decoded = decode(data)
             except ProtocolError as e:
                 self.on_bad_frame(wire.HEAD.unpack_from(data, 0), e)
                 continue
@@ -160,6 +160,21 @@ class FrameReader:
     def _reset(self) -> None:
         self._start = self._end = self._need = self._discard = 0
         self._buf = bytearray(0)
+
+
+def decode(data: bytes | bytearray | memoryview) -> wire.Frame:
+    """`frame.decode`, but every failure is a ProtocolError.
+
+    The kernel's decode lets a few hostile headers escape as other exceptions (deeply nested
+    msgpack: RecursionError; a map key that is not UTF-8: UnicodeDecodeError); one of those must
+    not take a connection handler down, so they are mapped here (reported to the kernel owners).
+    """
+    try:
+        return wire.decode(data)
+    except ProtocolError:
+        raise
+    except (RecursionError, UnicodeDecodeError, ValueError, TypeError, OverflowError) as e:
+        raise ProtocolError(f"frame header does not decode: {type(e).__name__}: {e}") from None
 
 
 def error_for_head(head: Head, err: ProtocolError) -> wire.Frame:

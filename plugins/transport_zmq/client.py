@@ -153,7 +153,7 @@ class ZmqClientConnection:
         assert sock is not None
         while True:
             msg = await sock.recv_multipart(copy=False)
-            self._on_message(msg)
+            self._on_message_safe(msg)
             for _ in range(DRAIN_BATCH):
                 f = sock.recv_multipart(flags=zmq.DONTWAIT, copy=False)
                 exc = f.exception()
@@ -161,7 +161,14 @@ class ZmqClientConnection:
                     if isinstance(exc, zmq.Again):
                         break
                     raise exc
-                self._on_message(f.result())
+                self._on_message_safe(f.result())
+
+    def _on_message_safe(self, msg: list[zmq.Frame]) -> None:
+        """One bad message must never end the receive loop (and with it every peer's service)."""
+        try:
+            self._on_message(msg)
+        except Exception:
+            log.exception("dropping a message that could not be handled")
 
     def _on_message(self, msg: list[zmq.Frame]) -> None:
         try:

@@ -55,6 +55,12 @@ def parse_parts(parts: Sequence[zmq.Frame], max_frame: int) -> wire.Frame:
     except ProtocolError as e:
         e.head = head  # type: ignore[attr-defined]
         raise
+    except (RecursionError, UnicodeDecodeError, ValueError, TypeError, OverflowError) as e:
+        # The kernel's decode lets these escape on hostile headers (deeply nested msgpack, a key
+        # that is not UTF-8); here they are what they are: a frame that does not decode.
+        err = ProtocolError(f"frame header does not decode: {type(e).__name__}: {e}")
+        err.head = head  # type: ignore[attr-defined]
+        raise err from None
 
 
 def error_for_head(head: Head, err: ProtocolError) -> wire.Frame:

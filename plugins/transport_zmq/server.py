@@ -117,14 +117,21 @@ class ZmqServer:
         assert sock is not None
         while True:
             msg = await sock.recv_multipart(copy=False)
-            self._on_message(msg)
+            self._on_message_safe(msg)
             for _ in range(DRAIN_BATCH):
                 f = sock.recv_multipart(flags=zmq.DONTWAIT, copy=False)
                 if f.exception() is not None:
                     if isinstance(f.exception(), zmq.Again):
                         break
                     raise f.exception()  # type: ignore[misc]
-                self._on_message(f.result())
+                self._on_message_safe(f.result())
+
+    def _on_message_safe(self, msg: list[zmq.Frame]) -> None:
+        """One bad message must never end the receive loop (and with it every peer's service)."""
+        try:
+            self._on_message(msg)
+        except Exception:
+            log.exception("dropping a message that could not be handled")
 
     def _on_message(self, msg: list[zmq.Frame]) -> None:
         if len(msg) < 2:
