@@ -302,7 +302,8 @@ def _broker_address(options: dict[str, str]) -> str:
             host = str(info.get("host") or "127.0.0.1")
             if host in ("0.0.0.0", "::", ""):
                 host = "127.0.0.1"
-            return f"{host}:{int(info['port'])}"
+            transport = str(info.get("transport") or "tcp")
+            return f"{transport}://{host}:{int(info['port'])}"
         raise EQueueSparkError(f"no broker.json with a port in {path!r}; give the \"broker\" option")
     raise EQueueSparkError('option "broker" (host:port) is required to write')
 

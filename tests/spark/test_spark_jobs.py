@@ -24,7 +24,7 @@ def test_export_twice_writes_only_the_new_messages(spark, store_name, tmp_path, 
     assert "3/3 queues" in capsys.readouterr().err  # the progress line
     df = spark.read.parquet(to)
     assert df.count() == 900
-    assert {(r.queue_id, r.date) for r in df.select("queue_id", "date").distinct().collect()} == {
+    assert {(r.queue_id, str(r.date)) for r in df.select("queue_id", "date").distinct().collect()} == {
         (q, time.strftime("%Y-%m-%d", time.gmtime())) for q in range(3)}
     with open(os.path.join(to, export.STATE_FILE)) as f:
         assert json.load(f)["next"] == {"0": 300, "1": 300, "2": 300}

@@ -35,7 +35,7 @@ def test_read_while_a_producer_sends(spark, store_name, tmp_path):
                 stop.wait(0.05)
             reads = []
             for _ in range(3):  # several reads race the producer
-                df = (spark.read.format("equeue").option("path", broker.data_dir)
+                df = (spark.read.format("equeue").option("path", str(broker.data_dir))
                       .option("topic", "live").option("maxOffsetsPerPartition", "3000").load())
                 rows = df.select("queue_id", "queue_offset", "body").collect()
                 reads.append(len(rows))

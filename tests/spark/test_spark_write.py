@@ -55,7 +55,7 @@ def test_streaming_write_with_routing_keys_keeps_per_key_order(spark, tmp_path):
     src.mkdir()
     rows = [(f"k{i % 5}", f"{i % 5}:{i:05d}") for i in range(1000)]
     spark.createDataFrame(rows, "routing_key string, body string").coalesce(1).write.json(str(src / "in"))
-    with start_broker(tmp_path / "b") as broker:
+    with start_broker(tmp_path, name="broker") as broker:
         q = (spark.readStream.schema("routing_key string, body string").json(str(src / "in"))
              .writeStream.format("equeue").option("broker", broker.address).option("topic", "keyed")
              .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
