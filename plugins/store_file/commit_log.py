@@ -155,6 +155,8 @@ class CommitLog:
         cstart = start - start % cs
         m = self._maps.get(cstart)
         if m is None:
+            if cstart not in self.chunks:  # deleted by retention (or never written)
+                return None
             m = self._new_map(cstart)
             if m is None:
                 return pread_exact(self.path(cstart), start - cstart, end - start)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 from equeue_core.contracts import StoreSettings
@@ -28,6 +29,7 @@ from .store_info import load_store_info
 log = logging.getLogger(__name__)
 
 _EMPTY = memoryview(b"")
+_RETIRE_SECONDS = 30.0
 
 
 def queue_dir(root: str, topic: str, queue_id: int) -> str:
@@ -49,6 +51,7 @@ class _Queue:
     fd_first: int = -1             # first offset of the file fd points at
     sealed: list[int] = field(default_factory=list)   # older write fds awaiting a last fsync
     read_fds: dict[int, int] = field(default_factory=dict)
+    dirty: bool = False            # written since the flusher last fsynced it
 
 
 class FileQueueIndex:
@@ -68,7 +71,7 @@ class FileQueueIndex:
             raise StoreError("index_file_entries must be positive")
         self.read_only = read_only
         self._queues: dict[tuple[str, int], _Queue] = {}
-        self._dirty: set[tuple[str, int]] = set()
+        self._retired: list[tuple[float, int]] = []   # read fds of deleted files, closed later
         self._dirs_to_sync: set[str] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -143,7 +146,7 @@ class FileQueueIndex:
         if q.fd >= 0 and q.end + n <= q.fd_first + per:  # the common case: one write, no roll
             _write_all(q.fd, entries)
             q.end += n
-            self._dirty.add((topic, queue_id))
+            q.dirty = True
             return
         mv = memoryview(entries)
         done = 0
@@ -155,7 +158,7 @@ class FileQueueIndex:
             _write_all(q.fd, mv[done * INDEX_ENTRY_SIZE:(done + take) * INDEX_ENTRY_SIZE])
             done += take
             q.end += take
-        self._dirty.add((topic, queue_id))
+        q.dirty = True
 
     def _roll(self, q: _Queue, first: int) -> None:
         """Open (creating if needed) the index file starting at `first` for appending."""
@@ -227,7 +230,10 @@ class FileQueueIndex:
                     fd = os.open(os.path.join(q.path, file_name(first)), os.O_RDONLY)
                 except FileNotFoundError:
                     break
-                q.read_fds[first] = fd
+                kept = q.read_fds.setdefault(first, fd)
+                if kept != fd:  # another thread opened it first
+                    os.close(fd)
+                    fd = kept
             want = take * INDEX_ENTRY_SIZE
             data = os.pread(fd, want, (offset - first) * INDEX_ENTRY_SIZE)
             if len(data) % INDEX_ENTRY_SIZE:
@@ -281,12 +287,12 @@ class FileQueueIndex:
         if self.read_only or self._closed:
             return
         with self._lock:
-            dirty, self._dirty = self._dirty, set()
             dirs, self._dirs_to_sync = self._dirs_to_sync, set()
             work = []
-            for key in dirty:
-                q = self._queues.get(key)
-                if q is not None:
+            for q in list(self._queues.values()):
+                if q.dirty or q.sealed:
+                    # cleared before the fsync: a write racing with it sets it again afterwards
+                    q.dirty = False
                     sealed, q.sealed = q.sealed, []
                     work.append((q.fd, sealed))
         for fd, sealed in work:
@@ -309,11 +315,20 @@ class FileQueueIndex:
             os.fdatasync(fd)
             os.close(fd)
 
-    @staticmethod
-    def _close_read(q: _Queue, first: int) -> None:
+    def _close_read(self, q: _Queue, first: int) -> None:
+        """Retire a read fd; it is closed a while later, so a thread in the middle of a pread on
+        it never reads from a reused fd number."""
         fd = q.read_fds.pop(first, None)
+        now = time.monotonic()
         if fd is not None:
-            os.close(fd)
+            self._retired.append((now, fd))
+        keep = []
+        for t, old in self._retired:
+            if now - t > _RETIRE_SECONDS or self._closed:
+                os.close(old)
+            else:
+                keep.append((t, old))
+        self._retired = keep
 
     def close(self) -> None:
         if self._closed:
@@ -325,6 +340,9 @@ class FileQueueIndex:
                 self._close_write(q)
             for first in list(q.read_fds):
                 self._close_read(q, first)
+        for _, fd in self._retired:
+            os.close(fd)
+        self._retired = []
 
 
 def _write_all(fd: int, data: memoryview | bytes | bytearray) -> None:

@@ -94,6 +94,7 @@ class FileMessageStore:
         self._checkpoint_lock = threading.Lock()
         self._opened = False
         self._closed = False
+        self._broken: BaseException | None = None
 
     # ------------------------------------------------------------ open / recovery
     def open(self) -> RecoveryReport:
@@ -111,6 +112,12 @@ class FileMessageStore:
             if chunks and checkpoint is not None:
                 log.warning("checkpoint %s does not fit the log files; scanning the whole log", checkpoint)
             checkpoint = start
+        elif chunks and checkpoint > start:
+            cpath = self.log.path(checkpoint - checkpoint % self.chunk_size)
+            if os.path.getsize(cpath) < checkpoint % self.chunk_size:
+                log.error("chunk %s is shorter than the checkpoint %d says: data the store had "
+                          "fsynced is gone; scanning the whole log", cpath, checkpoint)
+                checkpoint = start
         report = RecoveryReport(clean=clean)
         result = scan_log(self.log.dir, chunks, self.chunk_size, checkpoint)
         report.truncated_bytes = result.truncated_bytes
@@ -127,7 +134,7 @@ class FileMessageStore:
             full = scan_log(self.log.dir, chunks, self.chunk_size, self.log.start)
             report.rebuilt_entries = self._repair_index(full.end, full.entries, report, final=True)
         self.log.open_for_write(end)
-        self._init_min_offsets()
+        self._init_min_offsets(init_ts=True)
         with open(abort_path, "wb"):
             pass
         self._flusher.start(end)
@@ -198,7 +205,9 @@ class FileMessageStore:
                 hi = mid
         return lo
 
-    def _init_min_offsets(self) -> None:
+    def _init_min_offsets(self, init_ts: bool = False) -> None:
+        """Each queue's first readable offset (its first entry inside the stored chunks); at open
+        also the newest store_ts, so store times stay non-decreasing across restarts."""
         start = self.log.start
         set_min = getattr(self.index, "set_min", None)
         for topic, qids in self.index.queues().items():
@@ -208,10 +217,17 @@ class FileMessageStore:
                 self._min[(topic, qid)] = m
                 if set_min is not None and m > lo:
                     set_min(topic, qid, m)
+                if init_ts and m < hi:
+                    try:
+                        self._last_ts = max(self._last_ts, self._store_ts_at(topic, qid, hi - 1))
+                    except OffsetOutOfRangeError:
+                        pass
 
     # ------------------------------------------------------------ writing
     def append(self, topic: str, queue_id: int, batch: bytearray, starts: Sequence[int]) -> AppendResult:
         """Assign offsets/positions, stamp, write once, index once (see module docstring)."""
+        if self._broken is not None:
+            raise StoreError(f"store is unusable after a failed write: {self._broken}")
         key = (topic, queue_id)
         first = self._next.get(key)
         if first is None:
@@ -223,8 +239,14 @@ class FileMessageStore:
             ts = self._last_ts
         self._last_ts = ts
         stamp_batch(batch, starts, positions, first, queue_id, ts)
-        end = self.log.write(batch, base)
-        self.index.add(topic, queue_id, first, index_entries(batch, starts, positions))
+        end = self.log.write(batch, base)  # on failure nothing was written (StoreError)
+        try:
+            self.index.add(topic, queue_id, first, index_entries(batch, starts, positions))
+        except BaseException as e:
+            # the log holds records the index lacks: appending on would hand out their offsets
+            # again. Refuse further appends; the next open rebuilds the index from the log.
+            self._broken = e
+            raise StoreError(f"index write failed, store needs a restart: {e}") from e
         self._next[key] = first + len(starts)
         self.log.publish(end)
         self._flusher.written(end)
