@@ -58,7 +58,7 @@ class SendResult:
 
 @dataclass(slots=True)
 class ReceivedMessage:
-    """A consumed message. For a message redelivered from the group's retry topic, `topic` is the
+    """A consumed message. For a message from the group's retry or dead-letter topic, `topic` is the
     original topic and `reconsume_times` counts earlier failures."""
 
     topic: str
@@ -77,7 +77,7 @@ class ReceivedMessage:
 
 def received_from(buf: bytes | memoryview, start: int, id_prefix: str) -> ReceivedMessage:
     m = record.decode(buf, start)
-    topic = m.properties.get("RETRY_TOPIC", m.topic) if m.topic.startswith("%RETRY%") else m.topic
+    topic = m.properties.get("RETRY_TOPIC", m.topic) if m.topic.startswith(("%RETRY%", "%DLQ%")) else m.topic
     return ReceivedMessage(topic, m.queue_id, m.queue_offset, f"{id_prefix}{m.position:016X}", m.tag,
                            m.keys, m.properties, m.body, m.born_ts, m.store_ts, m.reconsume_times,
                            m.topic)

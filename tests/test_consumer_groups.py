@@ -1,0 +1,328 @@
+"""Consumer groups against a real broker: assignment, rebalance, retry/DLQ, orderly, broadcasting,
+delayed messages, admin. Consumers run in threads of this process or in subprocesses."""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from equeue_core.allocation import allocate
+from equeue_core.client import AdminClient, Consumer, Message, Producer
+from tests.helpers.broker import BrokerProcess
+from tests.helpers.consume import Collector
+
+FAST = dict(heartbeat_interval=0.5, rebalance_interval=1.0, commit_interval=0.5, suspend_seconds=0.1)
+LEVELS = "200ms 300ms 400ms 500ms 600ms 700ms 800ms 900ms"
+
+
+@pytest.fixture
+def fast_broker(tmp_path):
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text(f'delay_levels = "{LEVELS}"\nheartbeat_expiry_s = 5\nqueue_lock_expiry_s = 5\n'
+                   f'offset_persist_ms = 200\n')
+    b = BrokerProcess(tmp_path / "data", config=str(cfg)).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def _create(address: str, topic: str, queues: int) -> None:
+    with AdminClient(address) as admin:
+        admin.create_topic(topic, queues)
+
+
+@pytest.mark.parametrize("strategy", ["averagely", "averagely_by_circle", "consistent_hash"])
+def test_three_consumers_take_exactly_the_strategys_queues(fast_broker, strategy):
+    _create(fast_broker.address, "alloc", 8)
+    consumers = [Consumer("ga", fast_broker.address, allocation=strategy, **FAST).subscribe("alloc")
+                 for _ in range(3)]
+    try:
+        for c in consumers:
+            c.start(lambda m: None)
+        ids = [c.client_id for c in consumers]
+        queues = [("alloc", q) for q in range(8)]
+        expected = {c.client_id: sorted(allocate(strategy, c.client_id, queues, ids)) for c in consumers}
+
+        def settled():
+            return all([k for k in c.assigned_queues() if k[0] == "alloc"] == expected[c.client_id]
+                       for c in consumers)
+
+        assert wait_until(settled, 15), {c.client_id: c.assigned_queues() for c in consumers}
+        with AdminClient(fast_broker.address) as admin:
+            info = admin.groups("ga")["ga"]
+        assert len(info["members"]) == 3
+    finally:
+        for c in consumers:
+            c.close()
+
+
+def test_leave_and_join_while_messages_flow_loses_nothing(fast_broker):
+    _create(fast_broker.address, "flow", 8)
+    total = 50_000
+    seen: collections.Counter = collections.Counter()
+    lock = threading.Lock()
+
+    def handler(m):
+        with lock:
+            seen[m.body] += 1
+
+    def produce():
+        with Producer(fast_broker.address) as p:
+            for i in range(0, total, 500):
+                p.send_batch([Message("flow", f"{j}".encode()) for j in range(i, i + 500)])
+                time.sleep(0.01)
+
+    a = Consumer("gf", fast_broker.address, consume_from="first", **FAST).subscribe("flow")
+    b = Consumer("gf", fast_broker.address, consume_from="first", **FAST).subscribe("flow")
+    a.start(handler)
+    b.start(handler)
+    producer = threading.Thread(target=produce)
+    producer.start()
+    c = None
+    try:
+        assert wait_until(lambda: len(seen) > 10_000, 60)
+        a.close()  # one consumer leaves mid-stream...
+        c = Consumer("gf", fast_broker.address, consume_from="first", **FAST).subscribe("flow")
+        c.start(handler)  # ...and another joins
+        producer.join(120)
+        assert wait_until(lambda: len(seen) >= total, 90), f"only {len(seen)} of {total} handled"
+    finally:
+        producer.join(120)
+        b.close()
+        if c is not None:
+            c.close()
+    assert set(seen) == {f"{j}".encode() for j in range(total)}
+    duplicates = sum(n - 1 for n in seen.values())
+    print(f"\nrebalance under flow: {total} messages, {duplicates} duplicates")
+    assert duplicates < total // 10, "duplicates should happen only around the change"
+
+
+def test_failed_messages_retry_with_growing_delays_then_land_in_dlq(fast_broker):
+    with Producer(fast_broker.address) as p:
+        p.send_batch([Message("work", f"{i}".encode(), tag="poison" if i % 10 == 0 else "ok") for i in range(100)])
+    attempts: dict[bytes, list[tuple[int, float]]] = collections.defaultdict(list)
+    lock = threading.Lock()
+
+    def handler(m):
+        with lock:
+            attempts[m.body].append((m.reconsume_times, time.monotonic()))
+        if m.tag == "poison":
+            raise ValueError("poison message")
+
+    c = Consumer("gr", fast_broker.address, consume_from="first", max_reconsume_times=3, **FAST).subscribe("work")
+    c.start(handler)
+    poison = [f"{i}".encode() for i in range(0, 100, 10)]
+    try:
+        assert wait_until(lambda: all(len(attempts[b]) >= 4 for b in poison), 60), \
+            {b: len(attempts[b]) for b in poison}
+        with AdminClient(fast_broker.address) as admin:
+            assert wait_until(lambda: len(admin.dlq_messages("gr")) == 10, 20)
+            dlq = admin.dlq_messages("gr")
+            time.sleep(1.5)  # let a commit happen
+            progress = {(r["topic"], r["queue_id"]): r for r in admin.groups("gr")["gr"]["queues"]}
+    finally:
+        c.close()
+    for b in poison:
+        times = [r for r, _ in attempts[b]]
+        assert times == [0, 1, 2, 3], f"{b!r} reconsume counts {times}"
+        stamps = [t for _, t in attempts[b]]
+        gaps = [b2 - a2 for a2, b2 in zip(stamps, stamps[1:], strict=False)]
+        # levels 3, 4, 5 of LEVELS: 400ms, 500ms, 600ms (allow scheduling slack, never early)
+        for gap, due in zip(gaps, (0.4, 0.5, 0.6), strict=True):
+            assert gap >= due - 0.05, f"retry came early: {gaps}"
+    for i in range(100):
+        if i % 10:
+            assert len(attempts[f"{i}".encode()]) == 1, "a healthy message was affected"
+    assert sorted(m.body for m in dlq) == sorted(poison)
+    assert all(m.topic == "work" and m.reconsume_times == 4 for m in dlq)
+    rows = [r for (t, _q), r in progress.items() if t == "work" and r["max_offset"] > 0]
+    assert rows
+    for row in rows:
+        assert row["committed"] == row["max_offset"], "the offset did not move past the failed messages"
+    with AdminClient(fast_broker.address) as admin:
+        assert admin.resend_dlq("gr") == 10
+        assert sum(hi for _, hi in admin.queue_ranges("work")) == 110
+
+
+def test_a_handler_past_consume_timeout_counts_as_failed(fast_broker):
+    with Producer(fast_broker.address) as p:
+        p.send(Message("slow", b"sleepy"))
+    calls = []
+
+    def handler(m):
+        calls.append(m.reconsume_times)
+        if m.reconsume_times == 0:
+            time.sleep(2.0)
+
+    c = Consumer("gs", fast_broker.address, consume_from="first", consume_timeout=0.5, **FAST).subscribe("slow")
+    c.start(handler)
+    try:
+        assert wait_until(lambda: 1 in calls, 20), calls
+    finally:
+        c.close()
+
+
+ORDERLY_CHILD = textwrap.dedent("""
+    import sys, time
+    from equeue_core.client import Consumer
+    out = open(sys.argv[2], "a", buffering=1)
+    def handler(m):
+        out.write(f"{m.queue_id} {m.queue_offset} {m.body.decode()}\\n")
+        time.sleep(0.002)
+    c = Consumer("go", sys.argv[1], orderly=True, consume_from="first", heartbeat_interval=0.5,
+                 rebalance_interval=1.0, commit_interval=0.3, lock_interval=1.0)
+    c.subscribe("ordered")
+    c.start(handler)
+    time.sleep(120)
+""")
+
+
+def test_orderly_keeps_queue_order_across_a_rebalance_after_a_kill(fast_broker, tmp_path):
+    n_keys, per_key = 8, 150
+    with Producer(fast_broker.address) as p:
+        for seq in range(per_key):
+            for k in range(n_keys):
+                p.send_async(Message("ordered", f"k{k}:{seq}".encode()), routing_key=f"k{k}")
+        p.flush()
+    log_a = tmp_path / "a.log"
+    script = tmp_path / "child.py"
+    script.write_text(ORDERLY_CHILD)
+    child = subprocess.Popen([sys.executable, str(script), fast_broker.address, str(log_a)])
+    got_b: list[tuple[int, int, str]] = []
+    b = None
+    try:
+        assert wait_until(lambda: log_a.exists() and len(log_a.read_text().splitlines()) > 300, 60)
+        child.kill()  # mid-stream
+        child.wait(10)
+        b = Consumer("go", fast_broker.address, orderly=True, consume_from="first", **FAST).subscribe("ordered")
+        b.start(lambda m: got_b.append((m.queue_id, m.queue_offset, m.body.decode())))
+        total = n_keys * per_key
+        a_lines = [line.split() for line in log_a.read_text().splitlines()]
+        got_a = [(int(q), int(o), body) for q, o, body in a_lines]
+        assert wait_until(lambda: len({x[2] for x in got_a} | {x[2] for x in got_b}) >= total, 60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+        if b is not None:
+            b.close()
+    for stream in (got_a, got_b):
+        per_queue: dict[int, list[int]] = collections.defaultdict(list)
+        per_key_seq: dict[str, list[int]] = collections.defaultdict(list)
+        for q, off, body in stream:
+            per_queue[q].append(off)
+            key, seq = body.split(":")
+            per_key_seq[key].append(int(seq))
+        for q, offs in per_queue.items():
+            assert offs == sorted(offs) and len(set(offs)) == len(offs), f"queue {q} out of order"
+        for key, seqs in per_key_seq.items():
+            assert seqs == sorted(seqs), f"key {key} out of order"
+    # B continues each queue from the committed offset: at or before where A stopped, never past it
+    last_a = collections.defaultdict(lambda: -1)
+    for q, off, _ in got_a:
+        last_a[q] = max(last_a[q], off)
+    first_b = {}
+    for q, off, _ in got_b:
+        first_b.setdefault(q, off)
+    for q, off in first_b.items():
+        assert off <= last_a[q] + 1, f"queue {q}: B skipped from {last_a[q]} to {off}"
+
+
+def test_broadcasting_consumers_each_get_everything_and_resume_locally(fast_broker, tmp_path):
+    with Producer(fast_broker.address) as p:
+        p.send_batch([Message("news", f"n{i}".encode()) for i in range(300)])
+    cols = [Collector(300) for _ in range(3)]
+    consumers = [Consumer("gb", fast_broker.address, mode="broadcasting", consume_from="first",
+                          offset_dir=str(tmp_path / f"c{i}"), **FAST).subscribe("news") for i in range(3)]
+    for c, col in zip(consumers, cols, strict=True):
+        c.start(col)
+    try:
+        for col in cols:
+            assert col.wait(30)
+    finally:
+        for c in consumers:
+            c.close()
+    for col in cols:
+        assert sorted(b for *_, b in col.items) == sorted(f"n{i}".encode() for i in range(300))
+    with Producer(fast_broker.address) as p:
+        p.send_batch([Message("news", f"late{i}".encode()) for i in range(50)])
+    again = Collector(50)
+    c = Consumer("gb", fast_broker.address, mode="broadcasting", consume_from="first",
+                 offset_dir=str(tmp_path / "c0"), **FAST).subscribe("news")
+    c.start(again)
+    try:
+        assert again.wait(30)
+        time.sleep(0.5)
+    finally:
+        c.close()
+    assert sorted(b for *_, b in again.items) == sorted(f"late{i}".encode() for i in range(50))
+
+
+def test_delayed_messages_wait_and_survive_a_restart_once(fast_broker):
+    import datetime as dt
+
+    sent_at = time.time()
+    with Producer(fast_broker.address) as p:
+        p.send(Message("later", b"level-8", delay_level=8))  # 900 ms
+        at = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=4)
+        p.send(Message("later", b"absolute", deliver_at=at))
+    got: list[tuple[bytes, float]] = []
+    c = Consumer("gd", fast_broker.address, consume_from="first", **FAST).subscribe("later")
+    c.start(lambda m: got.append((m.body, time.time())))
+    try:
+        assert wait_until(lambda: len(got) == 1, 10)
+        assert got[0][0] == b"level-8" and got[0][1] - sent_at >= 0.85
+        c.close()
+        fast_broker.restart()  # the absolute one is still pending across the restart
+        c = Consumer("gd", fast_broker.address, consume_from="first", **FAST).subscribe("later")
+        c.start(lambda m: got.append((m.body, time.time())))
+        assert wait_until(lambda: len(got) == 2, 15)
+        time.sleep(1.5)
+    finally:
+        c.close()
+    assert [b for b, _ in got] == [b"level-8", b"absolute"], "delivered twice or lost"
+    assert got[1][1] >= at.timestamp() - 0.05, "delivered early"
+
+
+def test_admin_reports_lag_and_resets_offsets(fast_broker):
+    with Producer(fast_broker.address) as p:
+        p.send_batch([Message("adm", f"{i}".encode()) for i in range(40)])
+    col = Collector(40)
+    c = Consumer("gadm", fast_broker.address, consume_from="first", **FAST).subscribe("adm")
+    c.start(col)
+    assert col.wait(20)
+    c.close()
+    with AdminClient(fast_broker.address) as admin:
+        rows = admin.groups("gadm")["gadm"]["queues"]
+        assert sum(r["lag"] for r in rows if r["topic"] == "adm") == 0
+        admin.reset_offsets("gadm", "adm", "earliest")
+        rows = admin.groups("gadm")["gadm"]["queues"]
+        assert sum(r["lag"] for r in rows if r["topic"] == "adm") == 40
+    again = Collector(40)
+    c = Consumer("gadm", fast_broker.address, **FAST).subscribe("adm")
+    c.start(again)
+    try:
+        assert again.wait(20), "reset to earliest did not make the group read again"
+    finally:
+        c.close()
+    r = subprocess.run([sys.executable, "-m", "equeue_core.cli.main", "groups", "show", "gadm",
+                        "--broker", fast_broker.address], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ))
+    assert r.returncode == 0 and "adm" in r.stdout and "lag" in r.stdout
