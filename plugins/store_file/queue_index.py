@@ -200,7 +200,8 @@ class FileQueueIndex:
         offset = min(offset, q.end)
         q.min_offset = offset
         per = self.entries_per_file
-        for first in [f for f in q.files if f + per <= offset and f != q.fd_first]:
+        # the newest file always stays: it is what tells the next open where the queue ends
+        for first in [f for f in q.files[:-1] if f + per <= offset and f != q.fd_first]:
             self._close_read(q, first)
             try:
                 os.unlink(os.path.join(q.path, file_name(first)))

@@ -168,9 +168,10 @@ class FileMessageStore:
             todo = [(o, e) for o, e in recs if o >= hi]
             if not todo:
                 continue
-            if todo[0][0] != hi and not (lo == hi == 0):
+            if todo[0][0] != hi:
                 if not final:
                     return -1
+            if todo[0][0] != hi and not (lo == hi == 0):  # an empty index may start anywhere
                 log.error("index %s/%s ends at %d but the log continues it only from %d; "
                           "not rebuilding it", topic, qid, hi, todo[0][0])
                 report.notes.append(f"index {topic}/{qid}: cannot be continued from the log")

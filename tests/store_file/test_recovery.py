@@ -206,3 +206,34 @@ def test_recovery_scans_from_the_checkpoint_only(tmp_path) -> None:
     assert not report.clean and report.records == 4
     assert [m.queue_offset for m in read_all(store)] == list(range(14))
     store.close()
+
+
+def test_lost_index_directory_is_rebuilt_from_the_whole_log(tmp_path) -> None:
+    import shutil
+
+    store, _ = open_store(tmp_path)
+    append(store, 10, queue_id=0)
+    append(store, 3, queue_id=2)
+    store.close()  # the checkpoint now vouches for all 13 records
+    store, _ = open_store(tmp_path)
+    append(store, 5, queue_id=0)
+    crash(store)
+    shutil.rmtree(tmp_path / INDEX_DIR)
+    store, report = open_store(tmp_path)
+    assert report.rebuilt_entries == 18
+    assert any("rescanned the whole log" in n for n in report.notes)
+    assert [m.queue_offset for m in read_all(store, "t", 0)] == list(range(15))
+    assert store.queue_range("t", 2) == (0, 3)
+    store.close()
+
+
+def test_checkpoint_past_the_end_of_its_chunk_scans_the_whole_log(tmp_path) -> None:
+    store, _ = open_store(tmp_path)
+    r = append(store, 10)
+    store.close()
+    os.truncate(chunk_paths(tmp_path)[0], r.positions[8])  # "fsynced" data vanished
+    store, report = open_store(tmp_path)
+    assert store.queue_range("t", 0) == (0, 8)
+    assert report.records == 8
+    assert append(store, 1).positions[0] == r.positions[8]
+    store.close()
