@@ -40,8 +40,11 @@ def parse_parts(parts: Sequence[zmq.Frame], max_frame: int) -> wire.Frame:
         total += len(p)
     first = parts[0].buffer if parts else memoryview(b"")
     head: Head | None = None
-    if len(first) >= wire.HEAD_SIZE:
-        h = wire.HEAD.unpack_from(first, 0)
+    start = first
+    if len(first) < wire.HEAD_SIZE and len(parts) > 1:  # the head may straddle parts
+        start = memoryview(b"".join(p.buffer for p in parts[:wire.HEAD_SIZE])[:wire.HEAD_SIZE])
+    if len(start) >= wire.HEAD_SIZE:
+        h = wire.HEAD.unpack_from(start, 0)
         if h[1] == wire.MAGIC and h[2] == wire.VERSION:
             head = h
     if total > max_frame:

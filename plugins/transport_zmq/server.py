@@ -96,6 +96,9 @@ class ZmqServer:
             set_common_options(sock, self.settings.socket_buffer, *self._hb)
             # Hard bound on any one message part; the per-frame check below gives the clear error.
             sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_frame_size)
+            # A peer that connects but does not finish the ZMTP handshake in time is dropped (the
+            # nearest ZeroMQ has to the TCP transport's slow-loris timeout).
+            sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(self.settings.frame_read_timeout * 1000)))
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # full or unknown peer: an error, not a silent drop
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting peer takes over its identity
             self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
