@@ -60,6 +60,7 @@ class PluginManager:
                 if not isinstance(result, dict):
                     raise PluginError(f"{impl.plugin_name}.{hook_name} must return a dict of name -> implementation")
                 for name, obj in result.items():
+                    _validate(hook_name, name, obj, impl.plugin_name)
                     if name in entries:
                         raise PluginError(
                             f"{HOOKS[hook_name]} {name!r} is provided twice: by {entries[name][1]} and {impl.plugin_name}")
@@ -107,6 +108,20 @@ class PluginManager:
 
     def queue_selector(self, name: str):
         return self.get("equeue_queue_selectors", name)
+
+
+def _validate(hook_name: str, name: object, obj: Any, plugin_name: str) -> None:
+    """Refuse an implementation that cannot be what its hook promises, naming the plugin."""
+    what = HOOKS[hook_name]
+    if not isinstance(name, str) or not name:
+        raise PluginError(f"{plugin_name}: {what} names must be non-empty strings, got {name!r}")
+    if hook_name == "equeue_transports":
+        from equeue_core.contracts import Transport
+
+        if not isinstance(obj, Transport):
+            raise PluginError(f"{plugin_name}: transport {name!r} lacks serve()/connect()/name")
+    elif not callable(obj):
+        raise PluginError(f"{plugin_name}: {what} {name!r} must be callable (a factory or function)")
 
 
 _default: PluginManager | None = None

@@ -1,0 +1,144 @@
+"""Meta-tests that keep the plugin layer honest (datasette style): every hook is documented in
+docs/plugins.md and has a test named test_hook_<name>, and the plugin manager refuses bad plugins."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+from equeue_core import contracts, hookspecs
+from equeue_core.contracts import StoreSettings
+from equeue_core.errors import PluginError
+from equeue_core.hookspecs import hookimpl
+from equeue_core.plugins import HOOKS, PluginManager, get_plugin_manager
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "plugins.md"
+HOOK_NAMES = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("equeue_")]
+
+
+def test_every_hook_is_documented():
+    documented = set(re.findall(r"^### (equeue_\w+)", DOCS.read_text(), re.M))
+    assert set(HOOK_NAMES) == documented
+
+
+def test_every_hook_has_a_test():
+    names = {n for n in globals() if n.startswith("test_hook_")}
+    assert {f"test_hook_{h}" for h in HOOK_NAMES} <= names
+
+
+def test_every_hook_is_known_to_the_plugin_manager():
+    assert set(HOOK_NAMES) == set(HOOKS)
+
+
+def test_hook_equeue_message_stores(tmp_path):
+    pm = get_plugin_manager()
+    assert {"file", "lmdb", "rocksdb"} <= set(pm.names("equeue_message_stores"))
+    for name in pm.names("equeue_message_stores"):
+        settings = StoreSettings(data_dir=str(tmp_path / name))
+        index = pm.queue_index(name)(settings)
+        store = pm.message_store(name)(settings, index)
+        assert isinstance(store, contracts.MessageStore)
+        store.open()
+        store.close()
+
+
+def test_hook_equeue_queue_indexes(tmp_path):
+    pm = get_plugin_manager()
+    assert set(pm.names("equeue_queue_indexes")) == set(pm.names("equeue_message_stores"))
+    for name in pm.names("equeue_queue_indexes"):
+        settings = StoreSettings(data_dir=str(tmp_path / name))
+        index = pm.queue_index(name)(settings)
+        assert isinstance(index, contracts.QueueIndex)
+        store = pm.message_store(name)(settings, index)  # the store owns and closes its index
+        store.open()
+        store.close()
+
+
+def test_hook_equeue_offset_stores(tmp_path):
+    pm = get_plugin_manager()
+    for name in pm.names("equeue_offset_stores"):
+        offsets = pm.offset_store(name)(StoreSettings(data_dir=str(tmp_path / name)))
+        assert isinstance(offsets, contracts.OffsetStore)
+        offsets.commit("g", "t", 0, 5)
+        assert offsets.get("g", "t", 0) == 5
+        offsets.close()
+
+
+def test_hook_equeue_store_readers():
+    pm = get_plugin_manager()
+    assert set(pm.names("equeue_store_readers")) == set(pm.names("equeue_message_stores"))
+    assert all(callable(pm.store_reader(n)) for n in pm.names("equeue_store_readers"))
+
+
+def test_hook_equeue_transports():
+    pm = get_plugin_manager()
+    assert {"tcp", "zmq"} <= set(pm.names("equeue_transports"))
+    for name in pm.names("equeue_transports"):
+        assert isinstance(pm.transport(name), contracts.Transport)
+
+
+def test_hook_equeue_allocation_strategies():
+    pm = get_plugin_manager()
+    for name in ("averagely", "averagely_by_circle", "consistent_hash"):
+        assert sorted(pm.allocation_strategy(name)("a", [1, 0], ["a"])) == [0, 1]
+
+
+def test_hook_equeue_queue_selectors():
+    pm = get_plugin_manager()
+    rr = pm.queue_selector("round_robin")()
+    assert [rr.select([0, 1, 2], None) for _ in range(4)] == [0, 1, 2, 0]
+    h = pm.queue_selector("hash")()
+    assert len({h.select([0, 1, 2, 3], "key-1") for _ in range(5)}) == 1
+    assert pm.queue_selector("random")().select([7], None) == 7
+
+
+class DuplicateRoundRobin:
+    @hookimpl
+    def equeue_queue_selectors(self):
+        return {"round_robin": object}
+
+
+class NotAFactory:
+    @hookimpl
+    def equeue_allocation_strategies(self):
+        return {"broken": 42}
+
+
+class Misspelt:
+    @hookimpl
+    def equeue_message_storez(self):
+        return {}
+
+
+def _manager_with(plugin) -> PluginManager:
+    import equeue_core.strategies as builtin
+
+    pm = PluginManager(load_entry_points=False)
+    pm.register(builtin)
+    pm.register(plugin)
+    return pm
+
+
+def test_a_name_offered_twice_is_refused_naming_both():
+    with pytest.raises(PluginError, match="round_robin"):
+        _manager_with(DuplicateRoundRobin()).names("equeue_queue_selectors")
+
+
+def test_an_implementation_that_is_not_callable_is_refused():
+    with pytest.raises(PluginError, match="broken"):
+        _manager_with(NotAFactory()).names("equeue_allocation_strategies")
+
+
+def test_a_misspelt_hook_is_caught_at_registration():
+    from pluggy import PluginValidationError
+
+    with pytest.raises(PluginValidationError):
+        _manager_with(Misspelt())
+
+
+def test_unknown_store_name_lists_the_installed_ones():
+    with pytest.raises(PluginError, match="installed: file"):
+        get_plugin_manager().message_store("nosuchstore")
