@@ -28,15 +28,15 @@ class LmdbStoreReader:
 
 
     def queues(self) -> dict[str, list[int]]:
-        with self.env.begin() as txn:
+        with self.env.begin(buffers=True) as txn:
             return Snapshot(self.shared, txn).queues()
 
     def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]:
-        with self.env.begin() as txn:
+        with self.env.begin(buffers=True) as txn:
             return Snapshot(self.shared, txn).queue_range(topic, queue_id)
 
     def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int:
-        with self.env.begin() as txn:
+        with self.env.begin(buffers=True) as txn:
             return Snapshot(self.shared, txn).offset_for_timestamp(topic, queue_id, ts_ms)
 
     def export(self, topic: str, queue_id: int, start: int, end: int, batch_rows: int = 65536) -> Iterator[Any]:
@@ -48,13 +48,13 @@ class LmdbStoreReader:
         end = min(end, hi)
 
         def read_chunk(offset: int, count: int) -> list[bytes]:
-            with self.env.begin() as txn:
+            with self.env.begin(buffers=True) as txn:
                 return Snapshot(self.shared, txn).read_chunk(topic, queue_id, offset, count)
 
         return queries.export_batches(read_chunk, start, end, batch_rows, self.address)
 
     def group_offsets(self) -> dict[tuple[str, str, int], int]:
-        with self.env.begin() as txn:
+        with self.env.begin(buffers=True) as txn:
             return {keys.parse_offset_key(k): keys.U64_VALUE.unpack(v)[0]
                     for k, v in txn.cursor(self.shared.db(b"offsets"))}
 

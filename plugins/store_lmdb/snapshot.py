@@ -2,20 +2,37 @@
 
 The store (in the broker) and the reader (in any other process) both read through this, so a
 reader sees exactly what a pull would: a prefix of each queue ending at a committed batch.
+Read transactions are opened with buffers=True: values are memoryviews into LMDB's map, so a
+record is copied once, when the answer is built, and never before; nothing may keep such a view
+past its transaction (read_chunk and record return bytes).
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 
 import lmdb
 
 from equeue_core.contracts import PullResult
 from equeue_core.errors import MessageNotFoundError
-from equeue_core.record import INDEX_ENTRY, INDEX_ENTRY_SIZE, verify
+from equeue_core.record import HEADER_SIZE, INDEX_ENTRY, INDEX_ENTRY_SIZE, OFF_POSITION, verify
 
 from . import keys, queries
 from .environment import SharedEnv
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+
+def floor(cur: lmdb.Cursor, key: bytes, prefix: bytes = b"") -> bool:
+    """Put cur on the greatest key <= key that starts with prefix; False if there is none."""
+    if cur.set_range(key):
+        if bytes(cur.key()) != key and not cur.prev():
+            return False
+    elif not cur.last():
+        return False
+    return bytes(cur.key()).startswith(prefix)
 
 
 class Snapshot:
@@ -40,39 +57,69 @@ class Snapshot:
         return out
 
     def entries(self, topic: str, queue_id: int, offset: int, count: int) -> bytes:
-        """Packed entries for the offsets of [offset, offset + count) that exist, in order."""
-        if count <= 0:
-            return b""
+        """Packed entries for the offsets of [offset, offset + count) that exist, stopping at the
+        first missing one: a floor seek to the chunk holding offset, then the chunks after it."""
         prefix = keys.queue_key(topic, queue_id)
-        end = keys.index_key(prefix, offset + count)
         cur = self.txn.cursor(self.index_db)
-        if not cur.set_range(keys.index_key(prefix, offset)):
+        if count <= 0 or not floor(cur, keys.index_key(prefix, offset), prefix):
             return b""
         out = []
-        for k, v in cur:
-            if k >= end:
+        want = offset
+        stop = offset + count
+        plen = len(prefix)
+        while want < stop:
+            k = bytes(cur.key())
+            if not k.startswith(prefix):
                 break
-            out.append(v)
+            first = keys.QUEUE_OFFSET.unpack_from(k, plen)[0]
+            v = cur.value()
+            n = len(v) // INDEX_ENTRY_SIZE
+            if not first <= want < first + n:
+                break
+            take = min(first + n, stop)
+            out.append(bytes(v[(want - first) * INDEX_ENTRY_SIZE:(take - first) * INDEX_ENTRY_SIZE]))
+            want = take
+            if not cur.next():
+                break
         return b"".join(out)
 
     def entry(self, topic: str, queue_id: int, offset: int) -> tuple[int, int, int]:
-        v = self.txn.get(keys.index_key(keys.queue_key(topic, queue_id), offset), db=self.index_db)
-        if v is None:
+        raw = self.entries(topic, queue_id, offset, 1)
+        if not raw:
             raise MessageNotFoundError(f"no index entry for {topic}/{queue_id}@{offset}")
-        return INDEX_ENTRY.unpack(v)
+        return INDEX_ENTRY.unpack(raw)
 
-    def records(self, positions: Sequence[int]) -> list[bytes | None]:
-        get = self.txn.get
-        db = self.log_db
-        pack = keys.POSITION.pack
-        return [get(pack(p), db=db) for p in positions]
+    def records(self, positions: Sequence[int]) -> list[memoryview | bytes | None]:
+        """The record starting at each (ascending) position, sliced from its chunk; None where no
+        chunk holds that position."""
+        cur = self.txn.cursor(self.log_db)
+        out: list[memoryview | bytes | None] = []
+        start = end = -1
+        value: memoryview | bytes = b""
+        for p in positions:
+            if not start <= p < end:
+                if not floor(cur, keys.log_key(p)):
+                    out.append(None)
+                    continue
+                start = keys.position_of(cur.key())
+                value = cur.value()
+                end = start + len(value)
+                if p >= end:
+                    out.append(None)
+                    continue
+            i = p - start
+            if end - p < HEADER_SIZE:
+                out.append(None)
+                continue
+            out.append(value[i:i + _U32.unpack_from(value, i)[0]])
+        return out
 
     def record(self, position: int) -> bytes:
-        rec = self.txn.get(keys.log_key(position), db=self.log_db)
-        if rec is None:
+        rec = self.records([position])[0]
+        if rec is None or len(rec) < HEADER_SIZE or _U64.unpack_from(rec, OFF_POSITION)[0] != position:
             raise MessageNotFoundError(f"no record at position {position}")
         verify(rec)
-        return rec
+        return bytes(rec)
 
     def pull(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int,
              tag_hashes: frozenset[int] | None) -> PullResult:
@@ -89,7 +136,7 @@ class Snapshot:
         return queries.bisect_first(lo, hi, at_or_after)
 
     def read_chunk(self, topic: str, queue_id: int, offset: int, count: int) -> list[bytes]:
-        """Exactly count verified records from offset on (OffsetOutOfRangeError if any is gone)."""
+        """Exactly count verified records from offset on, as bytes (OffsetOutOfRangeError if any is gone)."""
         lo, hi = self.queue_range(topic, queue_id)
         if offset < lo or offset + count > hi:
             raise queries.out_of_range(offset if offset < lo else offset + count, lo, hi)
@@ -98,4 +145,5 @@ class Snapshot:
             raise queries.out_of_range(offset, lo, hi)
         ents = [INDEX_ENTRY.unpack_from(raw, i * INDEX_ENTRY_SIZE) for i in range(count)]
         recs = self.records([e[0] for e in ents])
-        return [queries.check_record(r, offset + i, e[1], lo, hi) for i, (e, r) in enumerate(zip(ents, recs, strict=True))]
+        return [bytes(queries.check_record(r, offset + i, e[1], e[0], lo, hi))
+                for i, (e, r) in enumerate(zip(ents, recs, strict=True))]

@@ -12,7 +12,9 @@ Guarantees:
   commits after the last env.sync may be lost, and on a file system that reorders writes the
   environment can be damaged; set store_options.lmdb.commit_sync = true to fsync inside every
   commit instead (slower, and the fsync then runs on the writer's thread).
-- Position = the record's sequence number (0, 1, 2 ...), never reused; end_position = last + 1.
+- Records are stored in chunks (chunks.py): one log value and one index value per chunk, so an
+  append costs a few puts, not two per record. Position = the record's byte offset in this virtual
+  log, never reused; end_position = one past the batch's last byte.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ import lmdb
 from equeue_core.contracts import AppendResult, PullResult, QueueIndex, RecoveryReport, StoreSettings
 from equeue_core.errors import CorruptRecordError, PluginError, StoreError
 from equeue_core.flush import Flusher
-from equeue_core.record import index_entries, now_ms, stamp_batch
+from equeue_core.record import INDEX_ENTRY_SIZE, index_entries, now_ms, stamp_batch
 
-from . import environment, keys, queries
+from . import chunks, environment, keys, queries
 from .index import LmdbQueueIndex
 from .snapshot import Snapshot
 
@@ -47,6 +49,7 @@ class LmdbMessageStore:
         self.log_db = self.shared.db(b"log")
         self.state_db = self.shared.db(b"state")
         self.commit_sync = bool(settings.options.get("commit_sync", False))
+        self.chunk_bytes = int(settings.options.get("chunk_bytes", chunks.DEFAULT_CHUNK_BYTES))
         self.flusher = Flusher(self._sync, settings.flush, settings.flush_interval_ms, name="equeue-lmdb-flusher")
         self._next = 0
         self._min = 0
@@ -68,13 +71,13 @@ class LmdbMessageStore:
         self._min = keys.U64_VALUE.unpack(state[keys.MIN_POSITION])[0] if keys.MIN_POSITION in state else 0
         clean = fresh or state.get(keys.CLEAN) == b"\x01"
         notes = ["new store"] if fresh else []
-        with self.env.begin() as txn:
+        with self.env.begin(buffers=True) as txn:
             snap = Snapshot(self.shared, txn)
             for (topic, qid), (lo, hi) in self.index.ranges().items():
                 if hi > lo:
                     pos, size, _ = snap.entry(topic, qid, hi - 1)
                     try:
-                        queries.check_record(snap.records([pos])[0], hi - 1, size, lo, hi)
+                        queries.check_record(snap.records([pos])[0], hi - 1, size, pos, lo, hi)
                     except CorruptRecordError as e:
                         raise StoreError(f"{topic}/{qid}: newest record is damaged ({e}); the LMDB file "
                                          f"is corrupt, restore it from a copy") from e
@@ -106,24 +109,29 @@ class LmdbMessageStore:
     # -- writer ---------------------------------------------------------------------------------
 
     def append(self, topic: str, queue_id: int, batch: bytearray, starts: Sequence[int]) -> AppendResult:
-        """One write transaction for the whole batch: records, index entries, queue range."""
+        """One write transaction for the whole batch: its chunks of records, their index entries,
+        the queue's range and the next position."""
         first_offset = self.index.queue_range(topic, queue_id)[1]
-        n = len(starts)
-        if n == 0:
+        if not starts:
             return AppendResult(first_offset, [], self._next)
-        first = self._next
-        positions = list(range(first, first + n))
+        base = self._next
+        positions = chunks.positions_for(starts, base)
         stamp_batch(batch, starts, positions, first_offset, queue_id, now_ms())
-        entries = index_entries(batch, starts, positions)
+        entries = memoryview(index_entries(batch, starts, positions))
+        stop = chunks.batch_end(batch, starts)
         mv = memoryview(batch)
-        size_of = _U32.unpack_from
-        pack = keys.POSITION.pack
-        items = [(pack(p), mv[s:s + size_of(batch, s)[0]]) for s, p in zip(starts, positions, strict=True)]
-        end = first + n
+        n = len(starts)
+        log_items = []
+        index_chunks = []
+        for i, count in chunks.split(starts, stop, self.chunk_bytes):
+            j = i + count
+            log_items.append((keys.log_key(positions[i]), mv[starts[i]:starts[j] if j < n else stop]))
+            index_chunks.append((first_offset + i, entries[i * INDEX_ENTRY_SIZE:j * INDEX_ENTRY_SIZE]))
+        end = base + stop - starts[0]
         try:
             with self.env.begin(write=True) as txn:
-                txn.cursor(self.log_db).putmulti(items, append=True)
-                new_range = self.index.stage(txn, topic, queue_id, first_offset, entries)
+                txn.cursor(self.log_db).putmulti(log_items, append=True)
+                new_range = self.index.stage(txn, topic, queue_id, index_chunks)
                 txn.put(keys.NEXT_POSITION, keys.U64_VALUE.pack(end), db=self.state_db)
         except lmdb.MapFullError as e:
             raise StoreError("LMDB map is full: raise store_options.lmdb.map_size") from e
@@ -140,39 +148,43 @@ class LmdbMessageStore:
         return self.flusher.wait(end_position)
 
     def delete_before(self, position: int) -> int:
-        """Delete every record below position and its index entries, in one transaction.
-        Returns the number of records released; the file keeps its size (LMDB reuses the pages)."""
+        """Delete every chunk that lies wholly below position, with its index entries, in one
+        transaction (a chunk holding position stays whole). Returns the bytes of records released;
+        the file keeps its size (LMDB reuses the freed pages)."""
         position = min(position, self._next)
-        if position <= self._min:
-            return 0
         published = []
         with self.env.begin(write=True) as txn:
-            snap = Snapshot(self.shared, txn)
-            for (topic, qid), (lo, hi) in self.index.ranges().items():
-                boundary = queries.bisect_first(lo, hi, lambda o, t=topic, q=qid: snap.entry(t, q, o)[0] >= position)
-                if boundary > lo:
-                    published.append((topic, qid, self.index.drop_below(txn, topic, qid, boundary)))
             cur = txn.cursor(self.log_db)
-            limit = keys.log_key(position)
+            first_kept = self._next
             if cur.first():
-                while cur.key() and cur.key() < limit:
+                while cur.key():
+                    start = keys.position_of(cur.key())
+                    if start + len(cur.value()) > position:
+                        first_kept = start
+                        break
                     cur.delete()
-            txn.put(keys.MIN_POSITION, keys.U64_VALUE.pack(position), db=self.state_db)
+            if first_kept <= self._min:
+                return 0
+            for (topic, qid) in self.index.ranges():
+                new_range = self.index.drop_below(txn, topic, qid, first_kept)
+                if new_range is not None:
+                    published.append((topic, qid, new_range))
+            txn.put(keys.MIN_POSITION, keys.U64_VALUE.pack(first_kept), db=self.state_db)
         for topic, qid, new_range in published:
             self.index.publish(topic, qid, new_range)
-        released = position - self._min
-        self._min = position
+        released = first_kept - self._min
+        self._min = first_kept
         return released
 
     # -- reads (any thread) ---------------------------------------------------------------------
 
     def read_queue(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int,
                    tag_hashes: frozenset[int] | None = None) -> PullResult:
-        with self.env.begin() as txn:
+        with self.env.begin(buffers=True) as txn:
             return Snapshot(self.shared, txn).pull(topic, queue_id, offset, max_count, max_bytes, tag_hashes)
 
     def read_position(self, position: int) -> bytes:
-        with self.env.begin() as txn:
+        with self.env.begin(buffers=True) as txn:
             return Snapshot(self.shared, txn).record(position)
 
     def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]:
@@ -182,5 +194,5 @@ class LmdbMessageStore:
         return self.index.queues()
 
     def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int:
-        with self.env.begin() as txn:
+        with self.env.begin(buffers=True) as txn:
             return Snapshot(self.shared, txn).offset_for_timestamp(topic, queue_id, ts_ms)
