@@ -36,12 +36,14 @@ def list_chunks(log_dir: str) -> list[int]:
 
 
 class CommitLog:
-    def __init__(self, log_dir: str, chunk_size: int, ring_bytes: int, map_low: int, map_high: int) -> None:
+    def __init__(self, log_dir: str, chunk_size: int, ring_bytes: int, map_low: int, map_high: int,
+                 map_idle_seconds: float = MAP_IDLE_SECONDS) -> None:
         self.dir = log_dir
         self.chunk_size = chunk_size
         self.ring = Ring(ring_bytes)
         self.map_low = map_low
         self.map_high = map_high
+        self.map_idle_seconds = map_idle_seconds
         self.chunks: list[int] = list_chunks(log_dir)
         self._maps: dict[int, MappedChunk] = {}
         self._lock = threading.Lock()
@@ -174,10 +176,15 @@ class CommitLog:
             m = self._maps[cstart] = MappedChunk(cstart, self.path(cstart))
             return m
 
+    def sweep_maps(self) -> None:
+        """Unmap idle chunks if above the low watermark (the flusher calls this periodically)."""
+        with self._lock:
+            self._sweep_locked()
+
     def _sweep_locked(self) -> None:
-        """Above the low watermark, unmap chunks no one read for MAP_IDLE_SECONDS."""
+        """Above the low watermark, unmap chunks no one read for map_idle_seconds."""
         now = time.monotonic()
-        if now - self._last_sweep < 1.0:
+        if now - self._last_sweep < min(1.0, self.map_idle_seconds):
             return
         self._last_sweep = now
         total = sum(x.mapped_bytes for x in self._maps.values())
@@ -186,7 +193,7 @@ class CommitLog:
         for cstart, m in sorted(self._maps.items(), key=lambda kv: kv[1].last_used):
             if total <= self.map_low:
                 break
-            if now - m.last_used > MAP_IDLE_SECONDS:
+            if now - m.last_used > self.map_idle_seconds:
                 total -= m.unmap()
                 del self._maps[cstart]
 

@@ -41,6 +41,7 @@ from .constants import (
     DEFAULT_MAP_HIGH_BYTES,
     DEFAULT_MAP_LOW_BYTES,
     DEFAULT_RING_BYTES,
+    MAP_IDLE_SECONDS,
     MIN_CHUNK_SIZE,
 )
 from .recovery import pack_checkpoint, read_checkpoint, scan_log
@@ -83,7 +84,8 @@ class FileMessageStore:
         self.log = CommitLog(os.path.join(self.data_dir, COMMITLOG_DIR), chunk_size,
                              _int_option(opts, "ring_bytes", DEFAULT_RING_BYTES),
                              _int_option(opts, "map_low_bytes", DEFAULT_MAP_LOW_BYTES),
-                             _int_option(opts, "map_high_bytes", DEFAULT_MAP_HIGH_BYTES))
+                             _int_option(opts, "map_high_bytes", DEFAULT_MAP_HIGH_BYTES),
+                             float(opts.get("map_idle_seconds") or MAP_IDLE_SECONDS))
         self._next: dict[tuple[str, int], int] = {}     # next queue offset to assign
         self._min: dict[tuple[str, int], int] = {}      # first readable queue offset
         self._last_ts = 0
@@ -260,6 +262,7 @@ class FileMessageStore:
         """The flusher thread's job: fsync log then index, then maybe move the checkpoint."""
         end = self.log.sync()
         self.index.flush()
+        self.log.sweep_maps()
         now = time.monotonic()
         if end != self._checkpointed and now - self._last_checkpoint >= CHECKPOINT_EVERY_SECONDS:
             self._write_checkpoint(end)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from equeue_plugins.store_file.constants import END_OF_CHUNK, file_name
 
@@ -180,4 +182,29 @@ def test_retention_deletes_whole_chunks_and_moves_min_offset(tmp_path) -> None:
     lo2, hi2 = store.queue_range("t", 0)
     assert hi2 == 3200 and lo2 > first_kept
     assert append(store, 1).first_queue_offset == 3200
+    store.close()
+
+
+def test_idle_chunk_maps_are_dropped_above_the_low_watermark(tmp_path) -> None:
+    store, _ = open_store(tmp_path, ring_bytes=0, map_low_bytes=0, map_idle_seconds=0.05)
+    for i in range(80):
+        append(store, 40, first_number=i * 40)
+    assert len(read_all(store)) == 3200
+    assert store.log.mapped_bytes() > 0
+    deadline = time.monotonic() + 5
+    while store.log.mapped_bytes() and time.monotonic() < deadline:
+        time.sleep(0.06)
+        store.log.sweep_maps()
+    assert store.log.mapped_bytes() == 0
+    assert len(read_all(store)) == 3200  # and they map again on demand
+    store.close()
+
+
+def test_no_new_maps_above_the_high_watermark(tmp_path) -> None:
+    store, _ = open_store(tmp_path, ring_bytes=0, map_high_bytes=1)
+    for i in range(80):
+        append(store, 40, first_number=i * 40)
+    msgs = read_all(store)
+    assert [m.body for m in msgs] == [b"m-%d" % i for i in range(3200)]  # served by pread
+    assert store.log.mapped_bytes() <= SMALL_CHUNK
     store.close()
