@@ -1,6 +1,8 @@
 """RocksQueueIndex: (topic, queue, queue offset) -> INDEX_ENTRY in the `index` column family.
 
-The message store puts entries into the same WriteBatch as the records they point to (`stage`),
+Entries are stored one value per chunk (chunks.py): key = queue + the chunk's first queue offset,
+value = its packed entries; an offset is found by a floor seek (SeekForPrev). The message store
+puts them into the same WriteBatch as the records they point to (`stage`),
 so log and index never disagree, even after a crash; `add` is the standalone path the contract
 offers (its own write). Queue ranges live in the `queues` column family, written in the same
 batch, and are mirrored in memory for the writer's process.
@@ -13,7 +15,7 @@ import threading
 import rocksdict
 
 from equeue_core.contracts import StoreSettings
-from equeue_core.record import INDEX_ENTRY_SIZE
+from equeue_core.record import INDEX_ENTRY, INDEX_ENTRY_SIZE
 
 from . import database, keys
 from .view import View
@@ -29,27 +31,43 @@ class RocksQueueIndex:
 
     # -- the writer (the store calls these while building its WriteBatch) ---------------------
 
-    def stage(self, wb: rocksdict.WriteBatch, topic: str, queue_id: int, first_offset: int,
-              entries: bytes | bytearray) -> tuple[int, int]:
-        """Put entries and the queue's new range into wb; returns the range to `publish` after the write."""
-        n = len(entries) // INDEX_ENTRY_SIZE
+    def stage(self, wb: rocksdict.WriteBatch, topic: str, queue_id: int,
+              chunks: list[tuple[int, bytes]]) -> tuple[int, int]:
+        """Put one index value per chunk, (first queue offset, packed entries), and the queue's new
+        range into wb; returns the range to `publish` after the write."""
         prefix = keys.queue_key(topic, queue_id)
-        raw = bytes(entries)
         cf = self.shared.cf["index"]
-        put = wb.put
-        for i in range(n):
-            put(keys.index_key(prefix, first_offset + i), raw[i * INDEX_ENTRY_SIZE:(i + 1) * INDEX_ENTRY_SIZE], cf)
-        lo, hi = self._ranges.get((topic, queue_id), (first_offset, first_offset))
-        new = (min(lo, first_offset), max(hi, first_offset + n))
-        put(prefix, keys.QUEUE_RANGE.pack(*new), self.shared.cf["queues"])
+        for first, entries in chunks:
+            wb.put(keys.index_key(prefix, first), entries, cf)
+        first = chunks[0][0]
+        last_first, last_entries = chunks[-1]
+        lo, hi = self._ranges.get((topic, queue_id), (first, first))
+        new = (min(lo, first), max(hi, last_first + len(last_entries) // INDEX_ENTRY_SIZE))
+        wb.put(prefix, keys.QUEUE_RANGE.pack(*new), self.shared.cf["queues"])
         return new
 
-    def drop_below(self, wb: rocksdict.WriteBatch, topic: str, queue_id: int, new_min: int) -> tuple[int, int]:
-        """Range-delete entries below new_min in wb (retention); returns the range to publish."""
+    def drop_below(self, wb: rocksdict.WriteBatch, topic: str, queue_id: int, position: int) -> tuple[int, int] | None:
+        """Retention: range-delete the index chunks whose records lie below position (the first
+        kept log chunk, so whole chunks go on both sides); returns the range to publish, None if
+        unchanged."""
         lo, hi = self._ranges[(topic, queue_id)]
         prefix = keys.queue_key(topic, queue_id)
-        wb.delete_range(keys.index_key(prefix, lo), keys.index_key(prefix, new_min), self.shared.cf["index"])
-        new = (max(lo, new_min), hi)
+        it = self.shared.view["index"].iter()
+        it.seek_for_prev(keys.index_key(prefix, lo))  # the chunk holding lo ...
+        if not (it.valid() and it.key().startswith(prefix)):
+            it.seek(keys.index_key(prefix, lo))  # ... or, if none, the first chunk after it
+        new_lo = lo
+        while it.valid() and it.key().startswith(prefix):
+            v = it.value()
+            if INDEX_ENTRY.unpack_from(v, 0)[0] >= position:
+                break
+            new_lo = keys.QUEUE_OFFSET.unpack_from(it.key(), len(prefix))[0] + len(v) // INDEX_ENTRY_SIZE
+            it.next()
+        del it
+        if new_lo == lo:
+            return None
+        wb.delete_range(prefix, keys.index_key(prefix, new_lo), self.shared.cf["index"])
+        new = (new_lo, hi)
         wb.put(prefix, keys.QUEUE_RANGE.pack(*new), self.shared.cf["queues"])
         return new
 
@@ -58,7 +76,7 @@ class RocksQueueIndex:
 
     def add(self, topic: str, queue_id: int, first_offset: int, entries: bytes | bytearray) -> None:
         wb = rocksdict.WriteBatch(raw_mode=True)
-        new = self.stage(wb, topic, queue_id, first_offset, entries)
+        new = self.stage(wb, topic, queue_id, [(first_offset, bytes(entries))])
         self.shared.db.write(wb)
         self.publish(topic, queue_id, new)
 

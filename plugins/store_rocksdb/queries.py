@@ -16,9 +16,10 @@ from typing import Any
 
 from equeue_core.contracts import PullResult
 from equeue_core.errors import CorruptRecordError, OffsetOutOfRangeError
-from equeue_core.record import INDEX_ENTRY, INDEX_ENTRY_SIZE, OFF_STORE_TS, verify
+from equeue_core.record import INDEX_ENTRY, INDEX_ENTRY_SIZE, OFF_POSITION, OFF_STORE_TS, verify
 
 _TS = struct.Struct("<q")
+_U64 = struct.Struct("<Q")
 
 # A filtered pull scans at most this many index entries before it answers with its progress, so
 # a selective subscription on a long queue cannot pin the reader; the caller resumes at next_offset.
@@ -27,21 +28,25 @@ SCAN_WINDOW = 256
 
 EntriesFn = Callable[[int, int], bytes]
 """(first queue offset, count) -> packed INDEX_ENTRY bytes for the offsets that exist."""
-RecordsFn = Callable[[Sequence[int]], Sequence[bytes | None]]
-"""positions -> record bytes (None where no record is stored)."""
+RecordsFn = Callable[[Sequence[int]], Sequence[bytes | memoryview | None]]
+"""ascending positions -> record bytes (None where no record is stored)."""
 
 
 def out_of_range(offset: int, lo: int, hi: int) -> OffsetOutOfRangeError:
     return OffsetOutOfRangeError(f"queue offset {offset} is outside [{lo}, {hi}]", min_offset=lo, max_offset=hi)
 
 
-def check_record(rec: bytes | None, offset: int, size: int, lo: int, hi: int) -> bytes:
-    """The record if intact; a missing one means retention won the race, a bad one is corrupt."""
+def check_record(rec: bytes | memoryview | None, offset: int, size: int, position: int, lo: int,
+                 hi: int) -> bytes | memoryview:
+    """The record if intact and the one the index entry names; a missing one means retention won
+    the race, a bad one is corrupt."""
     if rec is None:
         raise out_of_range(offset, lo, hi)
     if len(rec) != size:
         raise CorruptRecordError(f"record at queue offset {offset}: {len(rec)} bytes, index says {size}")
     verify(rec)
+    if _U64.unpack_from(rec, OFF_POSITION)[0] != position:
+        raise CorruptRecordError(f"record at queue offset {offset} is not the one at position {position}")
     return rec
 
 
@@ -55,7 +60,7 @@ def pull(entries: EntriesFn, records: RecordsFn, offset: int, lo: int, hi: int, 
     """
     if offset < lo or offset > hi:
         raise out_of_range(offset, lo, hi)
-    out: list[bytes] = []
+    out: list[bytes | memoryview] = []
     total = 0
     nxt = offset
     scanned = 0
@@ -74,10 +79,10 @@ def pull(entries: EntriesFn, records: RecordsFn, offset: int, lo: int, hi: int, 
                 if len(picked) + len(out) >= max_count:
                     break
         recs = records([p for _, p, _ in picked]) if picked else ()
-        for (off, _pos, size), rec in zip(picked, recs, strict=True):
+        for (off, pos, size), rec in zip(picked, recs, strict=True):
             if out and total + size > max_bytes:
                 return PullResult(b"".join(out), len(out), off, lo, hi)
-            out.append(check_record(rec, off, size, lo, hi))
+            out.append(check_record(rec, off, size, pos, lo, hi))
             total += size
             if len(out) >= max_count:
                 return PullResult(b"".join(out), len(out), off + 1, lo, hi)
@@ -97,7 +102,7 @@ def bisect_first(lo: int, hi: int, pred: Callable[[int], bool]) -> int:
     return lo
 
 
-def store_ts(rec: bytes) -> int:
+def store_ts(rec: bytes | memoryview) -> int:
     return _TS.unpack_from(rec, OFF_STORE_TS)[0]
 
 

@@ -10,7 +10,9 @@ Guarantees:
   anyone waits in sync mode (group commit), and wait_flushed(end) resolves only after a WAL sync
   that started after end was written. store_options.rocksdb.commit_sync = true syncs every write
   instead (slower; the fsync then runs on the writer's thread).
-- Position = the record's sequence number (0, 1, 2 ...), never reused; end_position = last + 1.
+- Records are stored in chunks (chunks.py): one log value and one index value per chunk, so an
+  append costs a few puts, not two per record. Position = the record's byte offset in this virtual
+  log, never reused; end_position = one past the batch's last byte.
 - Retention is a range delete (cheap, whatever the count) followed by a compaction of the deleted
   key range of the log, so disk space comes back at once.
 """
@@ -27,9 +29,9 @@ import rocksdict
 from equeue_core.contracts import AppendResult, PullResult, QueueIndex, RecoveryReport, StoreSettings
 from equeue_core.errors import CorruptRecordError, PluginError, StoreError
 from equeue_core.flush import Flusher
-from equeue_core.record import index_entries, now_ms, stamp_batch
+from equeue_core.record import INDEX_ENTRY_SIZE, index_entries, now_ms, stamp_batch
 
-from . import database, keys, queries
+from . import chunks, database, keys, queries
 from .index import RocksQueueIndex
 from .view import View
 
@@ -51,6 +53,7 @@ class RocksMessageStore:
         self.shared = database.acquire(settings.data_dir, settings.options)
         self.view = View(self.shared)
         self.commit_sync = bool(settings.options.get("commit_sync", False))
+        self.chunk_bytes = int(settings.options.get("chunk_bytes", chunks.DEFAULT_CHUNK_BYTES))
         self._write_opts = write_options(self.commit_sync)
         self._sync_opts = write_options(True)
         self.flusher = Flusher(self._sync, settings.flush, settings.flush_interval_ms, name="equeue-rocksdb-flusher")
@@ -76,7 +79,7 @@ class RocksMessageStore:
             if hi > lo:
                 pos, size, _ = self.view.entry(topic, qid, hi - 1)
                 try:
-                    queries.check_record(self.view.records([pos])[0], hi - 1, size, lo, hi)
+                    queries.check_record(self.view.records([pos])[0], hi - 1, size, pos, lo, hi)
                 except CorruptRecordError as e:
                     raise StoreError(f"{topic}/{qid}: newest record is damaged ({e}); the RocksDB "
                                      f"files are corrupt, restore them from a copy") from e
@@ -112,26 +115,29 @@ class RocksMessageStore:
     # -- writer ---------------------------------------------------------------------------------
 
     def append(self, topic: str, queue_id: int, batch: bytearray, starts: Sequence[int]) -> AppendResult:
-        """One WriteBatch for the whole batch: records, index entries, queue range, next position."""
+        """One WriteBatch for the whole batch: its chunks of records, their index entries, the
+        queue's range and the next position."""
         first_offset = self.index.queue_range(topic, queue_id)[1]
-        n = len(starts)
-        if n == 0:
+        if not starts:
             return AppendResult(first_offset, [], self._next)
-        first = self._next
-        positions = list(range(first, first + n))
+        base = self._next
+        positions = chunks.positions_for(starts, base)
         stamp_batch(batch, starts, positions, first_offset, queue_id, now_ms())
-        entries = index_entries(batch, starts, positions)
-        raw = bytes(batch)  # rocksdict's raw mode takes bytes only: one copy, then slices
-        size_of = _U32.unpack_from
-        pack = keys.POSITION.pack
+        entries = bytes(index_entries(batch, starts, positions))
+        stop = chunks.batch_end(batch, starts)
+        mv = memoryview(batch)
+        n = len(starts)
         wb = rocksdict.WriteBatch(raw_mode=True)
-        put = wb.put
-        cf = self.shared.cf["log"]
-        for s, p in zip(starts, positions, strict=True):
-            put(pack(p), raw[s:s + size_of(raw, s)[0]], cf)
-        new_range = self.index.stage(wb, topic, queue_id, first_offset, entries)
-        end = first + n
-        put(keys.NEXT_POSITION, keys.U64_VALUE.pack(end), self.shared.cf["state"])
+        log_cf = self.shared.cf["log"]
+        index_chunks = []
+        for i, count in chunks.split(starts, stop, self.chunk_bytes):
+            j = i + count
+            # rocksdict's raw mode takes bytes only: one copy per chunk
+            wb.put(keys.log_key(positions[i]), bytes(mv[starts[i]:starts[j] if j < n else stop]), log_cf)
+            index_chunks.append((first_offset + i, entries[i * INDEX_ENTRY_SIZE:j * INDEX_ENTRY_SIZE]))
+        new_range = self.index.stage(wb, topic, queue_id, index_chunks)
+        end = base + stop - starts[0]
+        wb.put(keys.NEXT_POSITION, keys.U64_VALUE.pack(end), self.shared.cf["state"])
         try:
             self.shared.db.write(wb, self._write_opts)
         except Exception as e:  # rocksdict raises plain Exception for RocksDB status errors
@@ -145,25 +151,37 @@ class RocksMessageStore:
         return self.flusher.wait(end_position)
 
     def delete_before(self, position: int) -> int:
-        """Range-delete every record below position and its index entries in one WriteBatch, then
-        compact that range. Returns the number of records released."""
+        """Range-delete every chunk that lies wholly below position, with its index entries, in one
+        WriteBatch (a chunk holding position stays whole), then compact that key range so the disk
+        space comes back. Returns the bytes of records released."""
         position = min(position, self._next)
-        if position <= self._min:
+        it = self.shared.view["log"].iter()
+        it.seek_for_prev(keys.log_key(position))
+        first_kept = self._next
+        if it.valid():
+            start = keys.position_of(it.key())
+            if start + len(it.value()) > position:
+                first_kept = start
+            else:
+                it.next()
+                first_kept = keys.position_of(it.key()) if it.valid() else self._next
+        del it
+        if first_kept <= self._min:
             return 0
         wb = rocksdict.WriteBatch(raw_mode=True)
         published = []
-        for (topic, qid), (lo, hi) in self.index.ranges().items():
-            boundary = queries.bisect_first(lo, hi, lambda o, t=topic, q=qid: self.view.entry(t, q, o)[0] >= position)
-            if boundary > lo:
-                published.append((topic, qid, self.index.drop_below(wb, topic, qid, boundary)))
-        wb.delete_range(keys.log_key(self._min), keys.log_key(position), self.shared.cf["log"])
-        wb.put(keys.MIN_POSITION, keys.U64_VALUE.pack(position), self.shared.cf["state"])
+        for (topic, qid) in self.index.ranges():
+            new_range = self.index.drop_below(wb, topic, qid, first_kept)
+            if new_range is not None:
+                published.append((topic, qid, new_range))
+        wb.delete_range(keys.log_key(0), keys.log_key(first_kept), self.shared.cf["log"])
+        wb.put(keys.MIN_POSITION, keys.U64_VALUE.pack(first_kept), self.shared.cf["state"])
         self.shared.db.write(wb, self._sync_opts)
         for topic, qid, new_range in published:
             self.index.publish(topic, qid, new_range)
-        self.shared.view["log"].compact_range(None, keys.log_key(position))
-        released = position - self._min
-        self._min = position
+        self.shared.view["log"].compact_range(None, keys.log_key(first_kept))
+        released = first_kept - self._min
+        self._min = first_kept
         return released
 
     # -- reads (any thread) ---------------------------------------------------------------------

@@ -9,16 +9,20 @@ OffsetOutOfRangeError with the bounds read afterwards (queries.pull / check_reco
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 
 import rocksdict
 
 from equeue_core.contracts import PullResult
 from equeue_core.errors import MessageNotFoundError
-from equeue_core.record import INDEX_ENTRY, INDEX_ENTRY_SIZE, verify
+from equeue_core.record import HEADER_SIZE, INDEX_ENTRY, INDEX_ENTRY_SIZE, OFF_POSITION, verify
 
 from . import keys, queries
 from .database import SharedDb
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
 
 
 class View:
@@ -53,31 +57,67 @@ class View:
         return out
 
     def entries(self, topic: str, queue_id: int, offset: int, count: int) -> bytes:
-        """Packed entries for [offset, offset + count), stopping at the first missing one."""
+        """Packed entries for the offsets of [offset, offset + count) that exist, stopping at the
+        first missing one: a floor seek to the chunk holding offset, then the chunks after it."""
         if count <= 0:
             return b""
         prefix = keys.queue_key(topic, queue_id)
-        got = self.index.get([keys.index_key(prefix, o) for o in range(offset, offset + count)])
+        it = self.index.iter()
+        it.seek_for_prev(keys.index_key(prefix, offset))
         out = []
-        for v in got:
-            if v is None:
+        want = offset
+        stop = offset + count
+        plen = len(prefix)
+        while want < stop and it.valid():
+            k = it.key()
+            if not k.startswith(prefix):
                 break
-            out.append(v)
+            first = keys.QUEUE_OFFSET.unpack_from(k, plen)[0]
+            v = it.value()
+            n = len(v) // INDEX_ENTRY_SIZE
+            if not first <= want < first + n:
+                break
+            take = min(first + n, stop)
+            out.append(v[(want - first) * INDEX_ENTRY_SIZE:(take - first) * INDEX_ENTRY_SIZE])
+            want = take
+            it.next()
         return b"".join(out)
 
     def entry(self, topic: str, queue_id: int, offset: int) -> tuple[int, int, int]:
-        v = self.index.get(keys.index_key(keys.queue_key(topic, queue_id), offset))
-        if v is None:
+        raw = self.entries(topic, queue_id, offset, 1)
+        if not raw:
             raise MessageNotFoundError(f"no index entry for {topic}/{queue_id}@{offset}")
-        return INDEX_ENTRY.unpack(v)
+        return INDEX_ENTRY.unpack(raw)
 
     def records(self, positions: Sequence[int]) -> list[bytes | None]:
-        pack = keys.POSITION.pack
-        return self.log.get([pack(p) for p in positions])
+        """The record starting at each (ascending) position, sliced from its chunk; None where no
+        chunk holds that position. One iterator, one floor seek per chunk touched."""
+        it = self.log.iter()
+        out: list[bytes | None] = []
+        start = end = -1
+        value = b""
+        for p in positions:
+            if not start <= p < end:
+                it.seek_for_prev(keys.log_key(p))
+                if not it.valid():
+                    out.append(None)
+                    continue
+                start = keys.position_of(it.key())
+                value = it.value()
+                end = start + len(value)
+                if p >= end:
+                    out.append(None)
+                    continue
+            i = p - start
+            if end - p < HEADER_SIZE:
+                out.append(None)
+                continue
+            out.append(value[i:i + _U32.unpack_from(value, i)[0]])
+        return out
 
     def record(self, position: int) -> bytes:
-        rec = self.log.get(keys.log_key(position))
-        if rec is None:
+        rec = self.records([position])[0]
+        if rec is None or len(rec) < HEADER_SIZE or _U64.unpack_from(rec, OFF_POSITION)[0] != position:
             raise MessageNotFoundError(f"no record at position {position}")
         verify(rec)
         return rec
@@ -107,5 +147,5 @@ class View:
             raise queries.out_of_range(offset, *self.queue_range(topic, queue_id))
         ents = [INDEX_ENTRY.unpack_from(raw, i * INDEX_ENTRY_SIZE) for i in range(count)]
         recs = self.records([e[0] for e in ents])
-        return [queries.check_record(r, offset + i, e[1], lo, hi)
+        return [queries.check_record(r, offset + i, e[1], e[0], lo, hi)
                 for i, (e, r) in enumerate(zip(ents, recs, strict=True))]

@@ -1,0 +1,47 @@
+"""How an append becomes key-value pairs: the batch is cut into chunks of whole records.
+
+Each chunk is one value in `log` (key: the position of its first record; value: its records, as
+stamped, back to back) and one value in `index` (key: queue + first queue offset; value: the
+chunk's INDEX_ENTRY entries). One put per chunk instead of two per record is what makes an append
+cost about what stamping it costs; a chunk is capped at `chunk_bytes` so a random read copies at
+most that much. A chunk never spans two appends, so its log and index values are created and
+deleted together (retention drops whole chunks).
+
+Positions are byte offsets in this virtual log (like the file store's), so the position of every
+record of a batch is arithmetic, and a record is found from its position by one floor seek.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+DEFAULT_CHUNK_BYTES = 64 * 1024
+
+_U32 = struct.Struct("<I")
+
+
+def batch_end(batch: bytes | bytearray, starts: Sequence[int]) -> int:
+    """One past the last byte of the last record (records are back to back, as record.scan found them)."""
+    last = starts[-1]
+    return last + _U32.unpack_from(batch, last)[0]
+
+
+def positions_for(starts: Sequence[int], base: int) -> list[int]:
+    first = starts[0]
+    return [base + s - first for s in starts]
+
+
+def split(starts: Sequence[int], end: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """(first record index, record count) of each chunk: whole records, at most chunk_bytes unless
+    a single record is larger."""
+    out = []
+    first = 0
+    n = len(starts)
+    for i in range(1, n):
+        record_end = starts[i + 1] if i + 1 < n else end
+        if record_end - starts[first] > chunk_bytes:
+            out.append((first, i - first))
+            first = i
+    out.append((first, n - first))
+    return out
