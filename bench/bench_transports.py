@@ -1,0 +1,200 @@
+"""Transport benchmark: every installed transport side by side, in one run, on this machine.
+
+    .venv/bin/python -m bench.bench_transports [--duration 3] [--clients 1,8] [--transports tcp,zmq]
+
+For each transport the server runs in its own process (uvloop, a trivial handler), and each client
+is its own process with one connection. Workloads:
+
+- `small_rr`:  request/response round trips with a 100-byte body and a small header, `depth`
+  requests in flight per client (depth 1 is the latency case, depth 32 the pipelined case).
+- `bulk_64k`:  64 KiB request bodies answered with a header-only ack, 8 in flight per client
+  (what a producer sending batches looks like); reported as MiB/s of body moved.
+
+One JSON line per result (ops/s, MiB/s, p50/p99 latency in ms), then one line per workload with
+the ratio of each transport to tcp measured in this same run. Benchmarks are not tests: nothing
+here asserts speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from typing import Any
+
+ECHO = 1
+ACK = 2
+SMALL_BODY = 100
+BULK_BODY = 64 * 1024
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.new_event_loop()
+
+
+# ------------------------------------------------------------------ server process
+
+
+class BenchHandler:
+    async def handle(self, conn: Any, frame: Any) -> Any:
+        if frame.code == ACK:
+            return frame.response({"n": len(frame.body)})
+        return frame.response(frame.header, frame.body)
+
+    def connection_lost(self, conn: Any) -> None:
+        pass
+
+
+def server_main(name: str, ready: Any, stop: Any) -> None:
+    from equeue_core.contracts import TransportSettings
+    from equeue_core.plugins import get_plugin_manager
+
+    async def main() -> None:
+        transport = get_plugin_manager().transport(name)
+        server = await transport.serve("127.0.0.1", 0, BenchHandler(), TransportSettings())
+        ready.put(server.address[1])
+        await asyncio.to_thread(stop.wait, 600)
+        await server.close()
+
+    with asyncio.Runner(loop_factory=_new_loop) as runner:
+        runner.run(main())
+
+
+# ------------------------------------------------------------------ client process
+
+
+def client_main(name: str, port: int, workload: str, depth: int, duration: float,
+                ready: Any, go: Any, results: Any) -> None:
+    from equeue_core.contracts import TransportSettings
+    from equeue_core.frame import Frame
+    from equeue_core.plugins import get_plugin_manager
+
+    async def main() -> dict:
+        transport = get_plugin_manager().transport(name)
+        conn = await transport.connect("127.0.0.1", port, TransportSettings())
+        if workload == "small_rr":
+            code, body, header = ECHO, os.urandom(SMALL_BODY), {"topic": "bench", "queue": 1}
+        else:
+            code, body, header = ACK, os.urandom(BULK_BODY), {"topic": "bench"}
+        for _ in range(200):  # warm up
+            await conn.request(Frame(code, header=header, body=body), 10)
+        ready.put(os.getpid())
+        await asyncio.to_thread(go.wait, 60)
+        latencies: list[float] = []
+        count = 0
+        end = time.perf_counter() + duration
+
+        async def worker() -> None:
+            nonlocal count
+            clock = time.perf_counter
+            while True:
+                t0 = clock()
+                if t0 >= end:
+                    return
+                reply = await conn.request(Frame(code, header=header, body=body), 10)
+                if reply.is_error:
+                    raise RuntimeError(reply.header)
+                latencies.append(clock() - t0)
+                count += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(depth)))
+        elapsed = time.perf_counter() - started
+        await conn.close()
+        latencies.sort()
+        return {"count": count, "elapsed": elapsed, "bytes": count * len(body),
+                "p50": latencies[len(latencies) // 2] if latencies else 0.0,
+                "p99": latencies[int(len(latencies) * 0.99)] if latencies else 0.0}
+
+    with asyncio.Runner(loop_factory=_new_loop) as runner:
+        results.put(runner.run(main()))
+
+
+# ------------------------------------------------------------------ driver
+
+
+def run_case(ctx: Any, name: str, port: int, workload: str, clients: int, depth: int,
+             duration: float) -> dict:
+    ready, go, results = ctx.Queue(), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=client_main,
+                         args=(name, port, workload, depth, duration, ready, go, results))
+             for _ in range(clients)]
+    for p in procs:
+        p.start()
+    try:
+        for _ in procs:
+            ready.get(timeout=60)
+        go.set()
+        parts = [results.get(timeout=duration + 60) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    elapsed = max(r["elapsed"] for r in parts)
+    count = sum(r["count"] for r in parts)
+    nbytes = sum(r["bytes"] for r in parts)
+    return {
+        "bench": "transport", "transport": name, "workload": workload, "clients": clients,
+        "depth": depth, "duration_s": round(elapsed, 3), "requests": count,
+        "ops_per_s": round(count / elapsed, 1),
+        "mib_per_s": round(nbytes / elapsed / (1024 * 1024), 2),
+        "p50_ms": round(max(r["p50"] for r in parts) * 1000, 3),
+        "p99_ms": round(max(r["p99"] for r in parts) * 1000, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    from equeue_core.plugins import get_plugin_manager
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per case")
+    parser.add_argument("--clients", default="1,8", help="client process counts, comma separated")
+    parser.add_argument("--transports", default=",".join(get_plugin_manager().names("equeue_transports")))
+    args = parser.parse_args(argv)
+    names = [n for n in args.transports.split(",") if n]
+    client_counts = [int(c) for c in args.clients.split(",")]
+    cases = [("small_rr", 1), ("small_rr", 32), ("bulk_64k", 8)]
+    ctx = mp.get_context("spawn")
+    rows: list[dict] = []
+    for name in names:
+        ready, stop = ctx.Queue(), ctx.Event()
+        server = ctx.Process(target=server_main, args=(name, ready, stop))
+        server.start()
+        try:
+            port = ready.get(timeout=60)
+            for workload, depth in cases:
+                for clients in client_counts:
+                    row = run_case(ctx, name, port, workload, clients, depth, args.duration)
+                    row["cpus"] = os.cpu_count()
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+        finally:
+            stop.set()
+            server.join(30)
+            if server.is_alive():
+                server.kill()
+                server.join()
+    base = {(r["workload"], r["clients"], r["depth"]): r for r in rows if r["transport"] == "tcp"}
+    for r in rows:
+        ref = base.get((r["workload"], r["clients"], r["depth"]))
+        if r["transport"] == "tcp" or ref is None:
+            continue
+        key = "mib_per_s" if r["workload"] == "bulk_64k" else "ops_per_s"
+        print(json.dumps({"bench": "transport_ratio", "transport": r["transport"], "vs": "tcp",
+                          "workload": r["workload"], "clients": r["clients"], "depth": r["depth"],
+                          "metric": key, "ratio": round(r[key] / ref[key], 3) if ref[key] else None}),
+              flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
