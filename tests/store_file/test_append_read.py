@@ -208,3 +208,19 @@ def test_no_new_maps_above_the_high_watermark(tmp_path) -> None:
     assert [m.body for m in msgs] == [b"m-%d" % i for i in range(3200)]  # served by pread
     assert store.log.mapped_bytes() <= SMALL_CHUNK
     store.close()
+
+
+def test_ring_slot_holding_a_newer_lap_is_not_served() -> None:
+    from equeue_plugins.store_file.constants import RING_PAGE
+    from equeue_plugins.store_file.ring import Ring
+
+    ring = Ring(4 * RING_PAGE)
+    data = bytes(range(256)) * (RING_PAGE // 256)
+    for page in range(4):
+        ring.write(page * RING_PAGE, data)
+    assert ring.read(10, 20) == data[10:20]
+    assert ring.read(RING_PAGE - 5, RING_PAGE + 5) == data[-5:] + data[:5]  # across two slots
+    ring.write(4 * RING_PAGE, data)  # the next lap takes slot 0
+    assert ring.read(10, 20) is None
+    assert ring.read(4 * RING_PAGE + 10, 4 * RING_PAGE + 20) == data[10:20]
+    assert ring.read(0, 4 * RING_PAGE) is None  # more than the ring can vouch for
