@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from equeue_core import record
 from equeue_core.broker.topics import DLQ_PREFIX
 from equeue_core.client.connection import BrokerConnection
 from equeue_core.client.loop import background_loop, run_sync
-from equeue_core.client.message import ReceivedMessage, received_from
+from equeue_core.client.message import ReceivedMessage, decode_batch, received_from
 from equeue_core.codes import Code
 from equeue_core.errors import TopicNotFoundError
 
@@ -68,7 +67,7 @@ class AsyncAdminClient:
             h = resp.header
             if not h["count"]:
                 break
-            out.extend(received_from(resp.body, s, self._id_prefix) for s in record.scan(resp.body))
+            out.extend(decode_batch(resp.body, self._id_prefix))
             offset = h["next_offset"]
         return out
 

@@ -27,7 +27,7 @@ from equeue_core import record
 from equeue_core.broker.topics import RETRY_PREFIX
 from equeue_core.client.connection import BrokerConnection
 from equeue_core.client.loop import background_loop, run_sync
-from equeue_core.client.message import ReceivedMessage, received_from
+from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
 from equeue_core.codes import Code, PullStatus
 from equeue_core.errors import ClientClosedError, ConfigError, EQueueError, TopicNotFoundError
@@ -305,8 +305,7 @@ class AsyncConsumer:
                 pq.next_offset = h["next_offset"]
                 continue
             if h["count"]:
-                body = resp.body
-                msgs = [received_from(body, s, self._id_prefix) for s in record.scan(body)]
+                msgs = decode_batch(resp.body, self._id_prefix)
                 if tags is not None:
                     msgs = [m for m in msgs if m.tag in tags]
                 pq.next_offset = h["next_offset"]
@@ -397,12 +396,8 @@ class AsyncConsumer:
 
     async def _consume(self, pq: ProcessQueue, msgs: list[ReceivedMessage]) -> None:
         oks = await self._handle(msgs)
-        failed = []
-        for m, ok in zip(msgs, oks, strict=True):
-            if ok:
-                pq.done(m)
-            else:
-                failed.append(m)
+        failed = [m for m, ok in zip(msgs, oks, strict=True) if not ok]
+        pq.done_many([m for m, ok in zip(msgs, oks, strict=True) if ok] if failed else msgs)
         self.stats["handled"] += len(msgs) - len(failed)
         self.stats["failed"] += len(failed)
         if failed and not pq.dropped:

@@ -36,6 +36,14 @@ class ProcessQueue:
         if self.in_flight.pop(message.queue_offset, None) is not None:
             self.bytes -= len(message.body)
 
+    def done_many(self, messages: list[ReceivedMessage]) -> None:
+        pop = self.in_flight.pop
+        freed = 0
+        for m in messages:
+            if pop(m.queue_offset, None) is not None:
+                freed += len(m.body)
+        self.bytes -= freed
+
     def committable(self) -> int:
         for offset in self.in_flight:
             return offset

@@ -1,0 +1,265 @@
+"""Broker benchmarks: produce, consume and end-to-end latency, with peers in the same run.
+
+Every measurement runs a real broker process and a real client process on 127.0.0.1 and prints
+one JSON line. Ratios against a peer (Redis Streams, when redis-server and redis-py are
+installed) come from the same run on the same machine.
+
+    .venv/bin/python -m bench.bench_broker                    # everything, default sizes
+    .venv/bin/python -m bench.bench_broker --only produce --count 200000
+    .venv/bin/python -m bench.bench_broker --only consume --consumers 3 --orderly
+
+Not a test: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers.broker import BrokerProcess, free_port  # noqa: E402
+
+
+def emit(result: dict) -> None:
+    print(json.dumps(result), flush=True)
+
+
+def _child(args: list[str], timeout: float = 600) -> dict:
+    """Run a client role of this module in its own process; it prints one JSON line."""
+    r = subprocess.run([sys.executable, "-m", "bench.bench_broker", "--role", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-2000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------- client roles (child processes)
+
+def role_produce(address: str, topic: str, count: int, size: int, mode: str) -> dict:
+    from equeue_core.client import Message, Producer
+
+    body = os.urandom(size)
+    with Producer(address) as p:
+        p.send(Message(topic, body))  # route lookup and connection warm-up
+        start = time.perf_counter()
+        if mode == "batch":
+            msgs = [Message(topic, body) for _ in range(1000)]
+            for _ in range(count // 1000):
+                p.send_batch(msgs)
+        elif mode == "async":
+            window = []
+            for _ in range(count):
+                window.append(p.send_async(Message(topic, body)))
+                if len(window) >= 20000:
+                    for f in window:
+                        f.result()
+                    window.clear()
+            for f in window:
+                f.result()
+        else:
+            for _ in range(count):
+                p.send(Message(topic, body))
+        elapsed = time.perf_counter() - start
+    return {"count": count, "seconds": elapsed, "msgs_per_s": count / elapsed}
+
+
+def role_consume(address: str, topic: str, count: int, group: str, orderly: bool, consumers: int) -> dict:
+    from equeue_core.client import Consumer
+
+    lock = threading.Lock()
+    seen = 0
+    done = threading.Event()
+
+    def handler(m) -> None:
+        nonlocal seen
+        with lock:
+            seen += 1
+            if seen >= count:
+                done.set()
+
+    cs = [Consumer(group, address, consume_from="first", orderly=orderly, pull_batch=256).subscribe(topic)
+          for _ in range(consumers)]
+    start = time.perf_counter()
+    for c in cs:
+        c.start(handler)
+    done.wait(600)
+    elapsed = time.perf_counter() - start
+    for c in cs:
+        c.close()
+    return {"count": seen, "seconds": elapsed, "msgs_per_s": seen / elapsed}
+
+
+def role_latency(address: str, topic: str, rate: int, seconds: float) -> dict:
+    from equeue_core.client import Consumer, Message, Producer
+
+    lat: list[float] = []
+    lock = threading.Lock()
+
+    def handler(m) -> None:
+        sent = int.from_bytes(m.body[:8], "little")
+        with lock:
+            lat.append((time.time_ns() - sent) / 1e6)
+
+    c = Consumer("latency", address, consume_from="last").subscribe(topic)
+    with Producer(address) as p:
+        p.send(Message(topic, b"\0" * 100))
+        c.start(handler)
+        time.sleep(1.0)
+        n = int(rate * seconds)
+        start = time.perf_counter()
+        for i in range(n):
+            due = start + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            p.send_async(Message(topic, time.time_ns().to_bytes(8, "little") + b"\0" * 92))
+        p.flush()
+    deadline = time.monotonic() + 10
+    while len(lat) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    c.close()
+    lat.sort()
+    return {"count": len(lat), "p50_ms": lat[len(lat) // 2], "p99_ms": lat[int(len(lat) * 0.99)],
+            "mean_ms": statistics.fmean(lat)}
+
+
+# ---------------------------------------------------------------- peers
+
+def redis_available() -> bool:
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        return False
+    return shutil.which("redis-server") is not None
+
+
+def role_redis(port: int, count: int, size: int) -> dict:
+    import redis
+
+    r = redis.Redis(port=port)
+    body = os.urandom(size)
+    start = time.perf_counter()
+    pipe = r.pipeline(transaction=False)
+    for i in range(count):
+        pipe.xadd("bench", {"b": body})
+        if i % 1000 == 999:
+            pipe.execute()
+    pipe.execute()
+    produce = time.perf_counter() - start
+    start = time.perf_counter()
+    last = "0"
+    got = 0
+    while got < count:
+        resp = r.xread({"bench": last}, count=1000)
+        if not resp:
+            break
+        entries = resp[0][1]
+        got += len(entries)
+        last = entries[-1][0]
+    consume = time.perf_counter() - start
+    return {"produce_msgs_per_s": count / produce, "consume_msgs_per_s": got / consume}
+
+
+def run_redis(count: int, size: int) -> dict | None:
+    if not redis_available():
+        emit({"bench": "peer", "peer": "redis", "skipped": "redis-server or redis-py not installed"})
+        return None
+    port = free_port()
+    d = tempfile.mkdtemp(prefix="redis-bench-")
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", d,
+                             "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        res = _child(["redis", str(port), str(count), str(size)])
+        emit({"bench": "peer", "peer": "redis-streams", "size": size, **res})
+        return res
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- orchestration
+
+def run(args: argparse.Namespace) -> None:
+    only = set(args.only.split(",")) if args.only else {"produce", "consume", "latency", "peers"}
+    results: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="equeue-bench-") as tmp:
+        for flush in (["async", "sync"] if "produce" in only else ["async"]):
+            b = BrokerProcess(Path(tmp) / f"data-{flush}", store=args.store, transport=args.transport,
+                              flush=flush).start()
+            try:
+                if "produce" in only:
+                    for size in (100, 1024):
+                        for mode in ("batch", "async", "single"):
+                            count = args.count if mode != "single" else min(args.count, 20000)
+                            if flush == "sync" and mode == "single":
+                                count = min(count, 5000)
+                            res = _child(["produce", b.address, f"p-{size}-{mode}", str(count), str(size), mode])
+                            results[f"produce-{flush}-{size}-{mode}"] = res["msgs_per_s"]
+                            emit({"bench": "produce", "store": args.store, "transport": args.transport,
+                                  "flush": flush, "size": size, "mode": mode, **res})
+                if flush == "async" and "consume" in only:
+                    _child(["produce", b.address, "drain", str(args.count), "100", "batch"])
+                    for orderly in (False, True):
+                        for n in (1, 3):
+                            res = _child(["consume", b.address, "drain", str(args.count),
+                                          f"g-{orderly}-{n}", str(int(orderly)), str(n)])
+                            results[f"consume-{'orderly' if orderly else 'concurrent'}-{n}"] = res["msgs_per_s"]
+                            emit({"bench": "consume", "store": args.store, "transport": args.transport,
+                                  "mode": "orderly" if orderly else "concurrent", "consumers": n,
+                                  "size": 100, **res})
+                if flush == "async" and "latency" in only:
+                    res = _child(["latency", b.address, "lat", "5000", str(args.latency_seconds)])
+                    emit({"bench": "latency", "store": args.store, "rate": 5000, **res})
+            finally:
+                b.stop()
+    if "peers" in only:
+        peer = run_redis(args.count, 100)
+        if peer:
+            ours_p = results.get("produce-async-100-batch")
+            ours_c = results.get("consume-concurrent-1")
+            emit({"bench": "ratio", "peer": "redis-streams",
+                  "produce_ratio": ours_p / peer["produce_msgs_per_s"] if ours_p else None,
+                  "consume_ratio": ours_c / peer["consume_msgs_per_s"] if ours_c else None})
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--role"]:
+        role, *rest = argv[1:]
+        if role == "produce":
+            out = role_produce(rest[0], rest[1], int(rest[2]), int(rest[3]), rest[4])
+        elif role == "consume":
+            out = role_consume(rest[0], rest[1], int(rest[2]), rest[3], bool(int(rest[4])), int(rest[5]))
+        elif role == "latency":
+            out = role_latency(rest[0], rest[1], int(rest[2]), float(rest[3]))
+        elif role == "redis":
+            out = role_redis(int(rest[0]), int(rest[1]), int(rest[2]))
+        else:
+            raise SystemExit(f"unknown role {role}")
+        print(json.dumps(out))
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--count", type=int, default=200_000)
+    p.add_argument("--store", default="file")
+    p.add_argument("--transport", default="tcp")
+    p.add_argument("--only", help="comma list of produce,consume,latency,peers")
+    p.add_argument("--latency-seconds", type=float, default=10.0)
+    run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
