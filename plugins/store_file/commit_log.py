@@ -141,6 +141,17 @@ class CommitLog:
                 os.close(dfd)
         return end
 
+    def sync_range(self, start: int, end: int) -> None:
+        """fsync every chunk holding positions [start, end) (recovery, before a new checkpoint)."""
+        cs = self.chunk_size
+        for c in self.chunks:
+            if c + cs > start and c < max(end, start + 1):
+                fd = os.open(self.path(c), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+
     # ------------------------------------------------------------ readers (any thread)
     @property
     def start(self) -> int:

@@ -308,6 +308,21 @@ class FileQueueIndex:
         for d in dirs:
             _fsync_dir(d)
 
+    def sync_all(self) -> None:
+        """fsync the two newest files of every queue and every index directory: after a crash,
+        entries the dead writer left in the page cache were never fsynced."""
+        for q in list(self._queues.values()):
+            for first in q.files[-2:]:
+                fd = os.open(os.path.join(q.path, file_name(first)), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            _fsync_dir(q.path)
+            _fsync_dir(os.path.dirname(q.path))
+        _fsync_dir(self.root)
+        self.flush()
+
     def _close_write(self, q: _Queue) -> None:
         with self._lock:
             fds = q.sealed + ([q.fd] if q.fd >= 0 else [])

@@ -136,6 +136,15 @@ class FileMessageStore:
             full = scan_log(self.log.dir, chunks, self.chunk_size, self.log.start)
             report.rebuilt_entries = self._repair_index(full.end, full.entries, report, final=True)
         self.log.open_for_write(end)
+        if not clean or result.records:
+            # what the crashed writer left in the page cache is part of the log now: make it
+            # durable before the checkpoint below vouches for it
+            self.log.sync_range(checkpoint, end)
+            sync_all = getattr(self.index, "sync_all", None)
+            if sync_all is not None:
+                sync_all()
+            else:
+                self.index.flush()
         self._init_min_offsets(init_ts=True)
         with open(abort_path, "wb"):
             pass
