@@ -21,7 +21,7 @@ def test_read_while_a_producer_sends(spark, store_name, tmp_path):
             try:
                 with Producer(broker=broker.address) as p:
                     i = 0
-                    while not stop.is_set() and i < 200_000:
+                    while not stop.is_set() and i < 30_000:
                         p.send_batch([Message("live", make_body(0, i + j, "live")) for j in range(200)])
                         i += 200
                         sent[0] = i
