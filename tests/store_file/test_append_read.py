@@ -224,3 +224,42 @@ def test_ring_slot_holding_a_newer_lap_is_not_served() -> None:
     assert ring.read(10, 20) is None
     assert ring.read(4 * RING_PAGE + 10, 4 * RING_PAGE + 20) == data[10:20]
     assert ring.read(0, 4 * RING_PAGE) is None  # more than the ring can vouch for
+
+
+def test_reads_on_other_threads_never_see_a_torn_record_while_appending(tmp_path) -> None:
+    import threading
+
+    store, _ = open_store(tmp_path, ring_bytes=4 * 64 * 1024)  # a small ring: laps and misses
+    stop = threading.Event()
+    problems: list[str] = []
+
+    def reader() -> None:
+        off = 0
+        deadline = time.monotonic() + 10
+        while not stop.is_set() and time.monotonic() < deadline:
+            r = store.read_queue("t", 0, off, 64, 1 << 20)
+            for s in record.scan(r.records):
+                try:
+                    record.verify(r.records, s)
+                except Exception as e:  # reported by the test thread below
+                    problems.append(f"offset {off}: {e}")
+                    return
+                m = record.decode(r.records, s)
+                if m.queue_offset != off or m.body != b"m" * 50 + b"-%d" % off:
+                    problems.append(f"offset {off}: got {m.queue_offset} {m.body[-8:]!r}")
+                    return
+                off += 1
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(300):
+            append(store, 20, body=b"m" * 50, first_number=i * 20)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=15)
+    assert not problems
+    assert [m.queue_offset for m in read_all(store)] == list(range(6000))
+    store.close()
