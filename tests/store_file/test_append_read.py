@@ -250,7 +250,13 @@ def test_reads_on_other_threads_never_see_a_torn_record_while_appending(tmp_path
                     return
                 off += 1
 
-    threads = [threading.Thread(target=reader) for _ in range(2)]
+    def guarded_reader() -> None:
+        try:
+            reader()
+        except Exception as e:  # any error in a reader thread fails the test
+            problems.append(repr(e))
+
+    threads = [threading.Thread(target=guarded_reader) for _ in range(2)]
     for t in threads:
         t.start()
     try:
