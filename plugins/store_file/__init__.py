@@ -1,0 +1,18 @@
+"""The file store (the default): a chunked commit log, per-queue index files and an offsets file.
+
+docs/format.md documents the bytes. One module per job:
+
+    constants.py    the on-disk constants, mirroring docs/format.md
+    store_info.py   store.json (chunk size, index file size) so readers can do the arithmetic
+    atomic.py       replace a small file atomically (temp, fsync, rename, fsync dir)
+    ring.py         in-memory ring of the newest log bytes
+    chunk.py        read-only, growable mmap of one chunk file
+    commit_log.py   the chunked log: reserve/write/publish, roll with end-of-chunk marker, sync, delete
+    queue_index.py  FileQueueIndex: 20-byte entries per queue, chunked files, pread reads
+    recovery.py     checkpoint, scan/verify/truncate of the log after a crash
+    store.py        FileMessageStore: append, reads, recovery orchestration, flusher, retention
+    offsets.py      FileOffsetStore: offsets + metadata in offsets.json
+    reader.py       FileStoreReader: another process's verified, read-only view + Arrow export
+    plugin.py       the @hookimpl functions registering all of the above as "file"
+    bench.py        micro-benchmark of append/read (python -m equeue_plugins.store_file.bench)
+"""
