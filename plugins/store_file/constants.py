@@ -17,6 +17,7 @@ INDEX_DIR = "index"               # <data_dir>/index/<topic>/<queue_id>/<20-digi
 STORE_INFO = "store.json"         # {"format", "version", "chunk_size", "index_file_entries"}
 CHECKPOINT = "checkpoint"         # CHECKPOINT_STRUCT, replaced atomically
 ABORT = "abort"                   # exists while a writer has the store open
+LOCK = "lock"                     # flock'ed by the one writer while the store is open
 OFFSETS = "offsets.json"          # consumer offsets + broker metadata, replaced atomically
 NAME_DIGITS = 20                  # file names are zero-padded decimal numbers
 

@@ -12,6 +12,7 @@ Guarantees:
 from __future__ import annotations
 
 import concurrent.futures
+import fcntl
 import logging
 import os
 import struct
@@ -41,6 +42,7 @@ from .constants import (
     DEFAULT_MAP_HIGH_BYTES,
     DEFAULT_MAP_LOW_BYTES,
     DEFAULT_RING_BYTES,
+    LOCK,
     MAP_IDLE_SECONDS,
     MIN_CHUNK_SIZE,
 )
@@ -97,11 +99,19 @@ class FileMessageStore:
         self._opened = False
         self._closed = False
         self._broken: BaseException | None = None
+        self._lock_fd = -1
 
     # ------------------------------------------------------------ open / recovery
     def open(self) -> RecoveryReport:
         """Recover (see recovery.py), start the flusher, and mark the store open (abort file)."""
         os.makedirs(self.log.dir, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(self.data_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise StoreError(f"{self.data_dir} is open for writing elsewhere (lock held)") from e
         if not self._has_info:
             write_store_info(self.data_dir, self.chunk_size, self._index_file_entries)
         abort_path = os.path.join(self.data_dir, ABORT)
@@ -415,6 +425,7 @@ class FileMessageStore:
         self._closed = True
         if not self._opened:
             self.log.close()
+            self._release_lock()
             return
         self._flusher.stop()
         end = self.log.sync()
@@ -426,3 +437,9 @@ class FileMessageStore:
             os.unlink(os.path.join(self.data_dir, ABORT))
         except FileNotFoundError:
             pass
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # closing the fd drops the flock
+            self._lock_fd = -1

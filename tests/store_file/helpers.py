@@ -77,6 +77,7 @@ def crash(store: FileMessageStore) -> None:
         q.sealed, q.fd, q.read_fds = [], -1, {}
     idx._closed = True
     store._closed = True
+    store._release_lock()  # the kernel drops a dead process's locks
 
 
 def chunk_paths(path: Path) -> list[Path]:

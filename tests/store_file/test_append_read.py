@@ -269,3 +269,14 @@ def test_reads_on_other_threads_never_see_a_torn_record_while_appending(tmp_path
     assert not problems
     assert [m.queue_offset for m in read_all(store)] == list(range(6000))
     store.close()
+
+
+def test_second_writer_on_the_same_directory_is_refused(tmp_path) -> None:
+    from equeue_core.errors import StoreError
+
+    store, _ = open_store(tmp_path)
+    with pytest.raises(StoreError, match="open for writing elsewhere"):
+        open_store(tmp_path)
+    store.close()
+    again, _ = open_store(tmp_path)
+    again.close()
