@@ -54,13 +54,30 @@ def db_path(data_dir: str) -> str:
     return os.path.realpath(os.path.join(data_dir, SUBDIR))
 
 
+DEFAULT_BLOCK_CACHE_MB = 128
+
+_caches: dict[int, rocksdict.Cache] = {}
+
+
+def _block_cache(mb: int) -> rocksdict.Cache:
+    """One LRU block cache per size per process, shared by every column family: random reads
+    decompress a whole chunk, so keeping hot chunks decompressed is what makes them cheap."""
+    if mb not in _caches:
+        _caches[mb] = rocksdict.Cache(mb * 1024 * 1024)
+    return _caches[mb]
+
+
 def column_options(options: dict) -> rocksdict.Options:
-    """Options for every column family: compression from store_options.rocksdb.compression."""
+    """Options for every column family: compression from store_options.rocksdb.compression, a
+    shared block cache of block_cache_mb."""
     name = str(options.get("compression", DEFAULT_COMPRESSION)).lower()
     if name not in COMPRESSIONS:
         raise ConfigError(f"unknown rocksdb compression {name!r}; choose one of {', '.join(COMPRESSIONS)}")
     opts = rocksdict.Options(raw_mode=True)
     opts.set_compression_type(getattr(rocksdict.DBCompressionType, name)())
+    table = rocksdict.BlockBasedOptions()
+    table.set_block_cache(_block_cache(int(options.get("block_cache_mb", DEFAULT_BLOCK_CACHE_MB))))
+    opts.set_block_based_table_factory(table)
     return opts
 
 

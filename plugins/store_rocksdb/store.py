@@ -37,6 +37,10 @@ from .view import View
 
 _U32 = struct.Struct("<I")
 
+# Smaller than LMDB's: a RocksDB read copies (and, compressed, decompresses) the whole chunk value,
+# where LMDB hands out a view into its map. 16 KiB measured ~2x the random reads of 64 KiB.
+DEFAULT_CHUNK_BYTES = 16 * 1024
+
 
 def write_options(sync: bool) -> rocksdict.WriteOptions:
     opts = rocksdict.WriteOptions()
@@ -53,7 +57,7 @@ class RocksMessageStore:
         self.shared = database.acquire(settings.data_dir, settings.options)
         self.view = View(self.shared)
         self.commit_sync = bool(settings.options.get("commit_sync", False))
-        self.chunk_bytes = int(settings.options.get("chunk_bytes", chunks.DEFAULT_CHUNK_BYTES))
+        self.chunk_bytes = int(settings.options.get("chunk_bytes", DEFAULT_CHUNK_BYTES))
         self._write_opts = write_options(self.commit_sync)
         self._sync_opts = write_options(True)
         self.flusher = Flusher(self._sync, settings.flush, settings.flush_interval_ms, name="equeue-rocksdb-flusher")
