@@ -22,8 +22,8 @@ import os
 from collections.abc import Callable
 
 import zmq
-import zmq.asyncio
 from equeue_plugins.transport_zmq.parts import frame_parts, parse_parts, set_common_options
+from equeue_plugins.transport_zmq.pump import SocketPump
 from zmq.utils.monitor import parse_monitor_message
 
 from equeue_core import frame as wire
@@ -39,7 +39,6 @@ from equeue_core.errors import (
 
 log = logging.getLogger(__name__)
 
-DRAIN_BATCH = 512
 MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
 
@@ -57,10 +56,11 @@ class ZmqClientConnection:
         self._hb = (heartbeat_ivl, heartbeat_timeout)
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
-        self._ctx: zmq.asyncio.Context | None = None
-        self._sock: zmq.asyncio.Socket | None = None
-        self._monitor: zmq.asyncio.Socket | None = None
-        self._loops: list[asyncio.Task] = []
+        self._ctx: zmq.Context | None = None
+        self._sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self._pump: SocketPump | None = None
+        self._monitor_pump: SocketPump | None = None
         self._push_tasks: set[asyncio.Task] = set()
         self._connected = asyncio.Event()
         self._closed = False
@@ -77,7 +77,7 @@ class ZmqClientConnection:
     async def connect(self) -> None:
         """Connect and wait for the ZMTP handshake; TransportError if it does not happen within
         connect_timeout (nothing is left open then)."""
-        self._ctx = zmq.asyncio.Context()
+        self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.DEALER)
         set_common_options(sock, self.settings.socket_buffer, *self._hb)
         sock.setsockopt(zmq.ROUTING_ID, b"eq" + os.urandom(14))
@@ -87,7 +87,7 @@ class ZmqClientConnection:
         sock.setsockopt(zmq.CONNECT_TIMEOUT, max(1, int(self.settings.connect_timeout * 1000)))
         self._sock = sock
         self._monitor = sock.get_monitor_socket(MONITOR_EVENTS)
-        self._loops = [asyncio.ensure_future(self._monitor_loop())]
+        self._monitor_pump = SocketPump(self._monitor, self._on_monitor_event)
         try:
             sock.connect(f"tcp://{self.host}:{self.port}")
             async with asyncio.timeout(self.settings.connect_timeout):
@@ -98,7 +98,7 @@ class ZmqClientConnection:
                 raise TransportError(f"cannot connect to {self.address}: "
                                      f"{'no handshake within ' + str(self.settings.connect_timeout) + 's' if isinstance(e, TimeoutError) else e}") from None
             raise
-        self._loops.append(asyncio.ensure_future(self._receive_loop()))
+        self._pump = SocketPump(sock, self._on_message_safe)
 
     # ------------------------------------------------------------ sending
 
@@ -108,21 +108,18 @@ class ZmqClientConnection:
         frame.request_id = request_id
         frame.flags &= ~(wire.FLAG_ONEWAY | wire.FLAG_RESPONSE | wire.FLAG_PUSH)
         parts, copy = frame_parts(frame, self.settings.max_frame_size)  # FrameTooLargeError: not sent
-        sock = self._sock
-        if self._closed or sock is None:
+        pump = self._pump
+        if self._closed or pump is None:
             raise ClientClosedError(f"connection to {self.address} is closed")
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._pending[request_id] = fut
         timer = loop.call_later(timeout, _expire, fut, request_id, timeout)
         try:
-            sent = sock.send_multipart(parts, copy=copy)
-            if not sent.done():  # disconnected (IMMEDIATE) or queue full: wait within the timeout
-                await asyncio.wait((sent, fut), return_when=asyncio.FIRST_COMPLETED)
-                if not sent.done():
-                    sent.cancel()
-            if sent.done() and not sent.cancelled() and sent.exception() is not None:
-                raise ConnectionLostError(f"send to {self.address} failed: {sent.exception()}")
+            queued = pump.send(parts, copy)
+            if queued is not None:  # disconnected (IMMEDIATE) or queue full: goes out when it can
+                queued.add_done_callback(lambda q: _send_failed(q, fut, self.address))
+                fut.add_done_callback(lambda _: queued.cancel())  # timed out first: withdraw it
             return await fut
         finally:
             timer.cancel()
@@ -134,34 +131,19 @@ class ZmqClientConnection:
         frame.request_id = next(self._ids)
         frame.flags = (frame.flags | wire.FLAG_ONEWAY) & ~(wire.FLAG_RESPONSE | wire.FLAG_PUSH)
         parts, copy = frame_parts(frame, self.settings.max_frame_size)
-        sock = self._sock
-        if self._closed or sock is None:
+        pump = self._pump
+        if self._closed or pump is None:
             raise ClientClosedError(f"connection to {self.address} is closed")
-        sent = sock.send_multipart(parts, copy=copy)
-        if not sent.done():
+        queued = pump.send(parts, copy)
+        if queued is not None:
             try:
-                await asyncio.wait_for(sent, self.settings.connect_timeout)
+                await asyncio.wait_for(queued, self.settings.connect_timeout)
             except TimeoutError:
                 raise ConnectionLostError(f"not connected to {self.address}") from None
-        if sent.exception() is not None:
-            raise ConnectionLostError(f"send to {self.address} failed: {sent.exception()}")
+            except zmq.ZMQError as e:
+                raise ConnectionLostError(f"send to {self.address} failed: {e}") from None
 
     # ------------------------------------------------------------ receiving
-
-    async def _receive_loop(self) -> None:
-        sock = self._sock
-        assert sock is not None
-        while True:
-            msg = await sock.recv_multipart(copy=False)
-            self._on_message_safe(msg)
-            for _ in range(DRAIN_BATCH):
-                f = sock.recv_multipart(flags=zmq.DONTWAIT, copy=False)
-                exc = f.exception()
-                if exc is not None:
-                    if isinstance(exc, zmq.Again):
-                        break
-                    raise exc
-                self._on_message_safe(f.result())
 
     def _on_message_safe(self, msg: list[zmq.Frame]) -> None:
         """One bad message must never end the receive loop (and with it every peer's service)."""
@@ -189,17 +171,13 @@ class ZmqClientConnection:
         if fut is not None and not fut.done():
             fut.set_result(frame)
 
-    async def _monitor_loop(self) -> None:
-        mon = self._monitor
-        assert mon is not None
-        while True:
-            event = parse_monitor_message(await mon.recv_multipart())
-            kind = event["event"]
-            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._connected.set()
-            elif kind == zmq.EVENT_DISCONNECTED:
-                self._connected.clear()
-                self._fail_pending(ConnectionLostError(f"connection to {self.address} lost"))
+    def _on_monitor_event(self, msg: list[zmq.Frame]) -> None:
+        kind = parse_monitor_message([p.bytes for p in msg])["event"]
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._connected.set()
+        elif kind == zmq.EVENT_DISCONNECTED:
+            self._connected.clear()
+            self._fail_pending(ConnectionLostError(f"connection to {self.address} lost"))
 
     def _fail_pending(self, err: Exception) -> None:
         pending, self._pending = self._pending, {}
@@ -235,10 +213,10 @@ class ZmqClientConnection:
         await self._shutdown()
 
     async def _shutdown(self) -> None:
-        for task in self._loops:
-            task.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
-        self._loops = []
+        for pump in (self._pump, self._monitor_pump):
+            if pump is not None:
+                pump.close()
+        self._pump = self._monitor_pump = None
         self._connected.clear()
         if self._sock is not None:
             if self._monitor is not None:
@@ -253,6 +231,14 @@ class ZmqClientConnection:
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
+
+
+def _send_failed(queued: asyncio.Future, fut: asyncio.Future, address: str) -> None:
+    if queued.cancelled() or fut.done():
+        return
+    exc = queued.exception()
+    if exc is not None:
+        fut.set_exception(ConnectionLostError(f"send to {address} failed: {exc}"))
 
 
 def _expire(fut: asyncio.Future, request_id: int, timeout: float) -> None:

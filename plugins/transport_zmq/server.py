@@ -21,7 +21,6 @@ import logging
 from collections.abc import Mapping
 
 import zmq
-import zmq.asyncio
 from equeue_plugins.transport_zmq.parts import (
     error_for_head,
     frame_parts,
@@ -29,6 +28,7 @@ from equeue_plugins.transport_zmq.parts import (
     plain,
     set_common_options,
 )
+from equeue_plugins.transport_zmq.pump import SocketPump
 from zmq.utils.monitor import parse_monitor_message
 
 from equeue_core import frame as wire
@@ -36,8 +36,6 @@ from equeue_core.contracts import ServerHandler, TransportSettings
 from equeue_core.errors import EQueueError, FrameTooLargeError, ProtocolError
 
 log = logging.getLogger(__name__)
-
-DRAIN_BATCH = 512  # messages taken without awaiting once the socket is readable
 
 
 class ZmqServerConnection:
@@ -74,14 +72,15 @@ class ZmqServer:
         self.settings = settings
         self.address: tuple[str, int] = ("", 0)
         self._hb = (heartbeat_ivl, heartbeat_timeout)
-        self._ctx: zmq.asyncio.Context | None = None
-        self._sock: zmq.asyncio.Socket | None = None
-        self._monitor: zmq.asyncio.Socket | None = None
+        self._ctx: zmq.Context | None = None
+        self._sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self._pump: SocketPump | None = None
+        self._monitor_pump: SocketPump | None = None
         self._by_identity: dict[bytes, ZmqServerConnection] = {}
         self._by_fd: dict[int, ZmqServerConnection] = {}
         self._connections: dict[int, ZmqServerConnection] = {}
         self._ids = itertools.count(1)
-        self._loops: list[asyncio.Task] = []
         self._closed = False
 
     @property
@@ -90,7 +89,7 @@ class ZmqServer:
         return self._connections
 
     async def start(self, host: str, port: int) -> None:
-        self._ctx = zmq.asyncio.Context()
+        self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         try:
             set_common_options(sock, self.settings.socket_buffer, *self._hb)
@@ -110,24 +109,11 @@ class ZmqServer:
         endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         bound_host, _, bound_port = endpoint.rpartition("//")[2].rpartition(":")
         self.address = (bound_host.strip("[]"), int(bound_port))
-        self._loops = [asyncio.ensure_future(self._receive_loop()),
-                       asyncio.ensure_future(self._monitor_loop())]
+        self._pump = SocketPump(sock, self._on_message_safe)
+        assert self._monitor is not None
+        self._monitor_pump = SocketPump(self._monitor, self._on_monitor_event)
 
     # ------------------------------------------------------------ receiving
-
-    async def _receive_loop(self) -> None:
-        sock = self._sock
-        assert sock is not None
-        while True:
-            msg = await sock.recv_multipart(copy=False)
-            self._on_message_safe(msg)
-            for _ in range(DRAIN_BATCH):
-                f = sock.recv_multipart(flags=zmq.DONTWAIT, copy=False)
-                if f.exception() is not None:
-                    if isinstance(f.exception(), zmq.Again):
-                        break
-                    raise f.exception()  # type: ignore[misc]
-                self._on_message_safe(f.result())
 
     def _on_message_safe(self, msg: list[zmq.Frame]) -> None:
         """One bad message must never end the receive loop (and with it every peer's service)."""
@@ -181,15 +167,12 @@ class ZmqServer:
         self._connections[conn.id] = conn
         return conn
 
-    async def _monitor_loop(self) -> None:
-        mon = self._monitor
-        assert mon is not None
-        while True:
-            event = parse_monitor_message(await mon.recv_multipart())
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                conn = self._by_fd.get(int(event["value"]))
-                if conn is not None:
-                    self._lost(conn)
+    def _on_monitor_event(self, msg: list[zmq.Frame]) -> None:
+        event = parse_monitor_message([p.bytes for p in msg])
+        if event["event"] == zmq.EVENT_DISCONNECTED:
+            conn = self._by_fd.get(int(event["value"]))
+            if conn is not None:
+                self._lost(conn)
 
     def _lost(self, conn: ZmqServerConnection) -> None:
         if conn._closed:
@@ -228,20 +211,19 @@ class ZmqServer:
         except FrameTooLargeError as e:
             parts, copy = frame_parts(request.error_response(e.code, str(e), **plain(e.details)),
                                       self.settings.max_frame_size)
-        fut = self._send(conn.identity, parts, copy)
-        if fut is not None and not fut.done():
-            try:
-                await fut  # the peer's queue is full: wait for room (cancelled if the peer goes)
-            except zmq.ZMQError:
-                pass  # the peer went away; the monitor reports it
+        self._send(conn.identity, parts, copy)
 
-    def _send(self, identity: bytes, parts: list, copy: bool) -> asyncio.Future | None:
-        """Send to one peer; an unreachable peer is not an error here (it is reported as lost)."""
-        if self._sock is None or self._closed:
-            return None
-        fut = self._sock.send_multipart([identity, *parts], copy=copy)
-        fut.add_done_callback(_consume_send_error)
-        return fut
+    def _send(self, identity: bytes, parts: list, copy: bool) -> None:
+        """Send to one peer, now or queued in order (its queue is full). A vanished peer is not an
+        error here: ROUTER_MANDATORY refuses the send and the monitor reports the peer lost."""
+        if self._pump is None or self._closed:
+            return
+        try:
+            queued = self._pump.send([identity, *parts], copy)
+        except zmq.ZMQError:
+            return  # EHOSTUNREACH: the peer is gone
+        if queued is not None:
+            queued.add_done_callback(_consume_send_error)
 
     # ------------------------------------------------------------ shutdown
 
@@ -254,15 +236,16 @@ class ZmqServer:
         for conn in list(self._connections.values()):
             self._lost(conn)
         self._closed = True
-        for task in self._loops:
-            task.cancel()
-        await asyncio.gather(*self._loops, *tasks, return_exceptions=True)
-        self._loops = []
+        for pump in (self._pump, self._monitor_pump):
+            if pump is not None:
+                pump.close()
+        self._pump = self._monitor_pump = None
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._sock is not None:
             self._close_sockets(self._sock)
             self._sock = None
 
-    def _close_sockets(self, sock: zmq.asyncio.Socket) -> None:
+    def _close_sockets(self, sock: zmq.Socket) -> None:
         if self._monitor is not None:
             try:
                 sock.disable_monitor()
@@ -277,10 +260,6 @@ class ZmqServer:
 
 
 def _consume_send_error(fut: asyncio.Future) -> None:
-    if fut.cancelled():
-        return
-    exc = fut.exception()
-    if exc is not None and not isinstance(exc, zmq.ZMQError):
-        log.warning("send failed: %r", exc)
-    # EHOSTUNREACH (peer gone) and friends: the monitor reports the peer lost.
+    if not fut.cancelled():
+        fut.exception()  # EHOSTUNREACH (peer gone) and friends: the monitor reports the peer lost
 
