@@ -19,6 +19,7 @@ from equeue_core import frame as framing
 from equeue_core import msgid, record
 from equeue_core.broker.groups import GroupRegistry
 from equeue_core.broker.long_poll import PullHold
+from equeue_core.broker.retention import RetentionCleaner
 from equeue_core.broker.schedule import Scheduler
 from equeue_core.broker.topics import DLQ_PREFIX, RETRY_PREFIX, TopicRegistry, check_topic_name
 from equeue_core.codes import Code, PullStatus
@@ -87,6 +88,7 @@ class Broker:
         self.groups = GroupRegistry(self, cfg.heartbeat_expiry_s, cfg.queue_lock_expiry_s)
         self.delay_levels = parse_delay_levels(cfg.delay_levels)
         self.scheduler = Scheduler(self)
+        self.retention = RetentionCleaner(self, cfg.retention_hours, cfg.retention_policy, cfg.retention_check_s)
         transport = self.plugins.transport(cfg.transport)
         tsettings = TransportSettings(max_frame_size=cfg.max_frame_size,
                                       frame_read_timeout=cfg.frame_read_timeout_s)
@@ -99,6 +101,7 @@ class Broker:
         self._tasks.append(loop.create_task(self._persist_offsets_forever()))
         self._tasks.append(loop.create_task(self.groups.expire_forever()))
         self._tasks.append(loop.create_task(self.scheduler.run_forever()))
+        self._tasks.append(loop.create_task(self.retention.run_forever()))
         self.started.set()
 
     def _write_info(self) -> None:

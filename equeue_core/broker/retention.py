@@ -1,0 +1,115 @@
+"""Retention: release stored data that is old enough and (by default) consumed by every group.
+
+The store contract has one retention call, `delete_before(position)`; this module finds the
+position. Positions grow with every append, and within a queue they grow with the queue offset,
+so for a cutoff time the smallest "position of the first record newer than the cutoff" over all
+queues bounds a prefix of the store in which every record is older than the cutoff. The same
+argument with each group's committed offset bounds a prefix every group has consumed. With the
+default policy `time_and_consumed` the store releases the smaller of the two; a queue nobody
+subscribes to counts as unconsumed, except dead-letter topics, which age out by time alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from equeue_core import record
+from equeue_core.broker.topics import DLQ_PREFIX
+from equeue_core.errors import EQueueError
+
+if TYPE_CHECKING:
+    from equeue_core.broker.broker import Broker
+
+log = logging.getLogger("equeue.retention")
+
+POLICIES = ("time_and_consumed", "time", "consumed")
+INFINITE = 1 << 63
+
+
+class RetentionCleaner:
+    def __init__(self, broker: Broker, hours: float, policy: str, interval_s: float) -> None:
+        self.broker = broker
+        self.retention_ms = int(hours * 3_600_000)
+        self.policy = policy
+        self.interval_s = interval_s
+        self.released = 0
+
+    def _position_at(self, topic: str, queue_id: int, offset: int) -> int:
+        """Position of the record at offset, or INFINITE when offset is past the queue's end."""
+        store = self.broker.store
+        lo, hi = store.queue_range(topic, queue_id)
+        if offset >= hi:
+            return INFINITE
+        res = store.read_queue(topic, queue_id, max(offset, lo), 1, 1 << 30, None)
+        if not res.count:
+            return INFINITE
+        return record.header_fields(res.records)[5]
+
+    def time_bound(self, now_ms: int) -> int:
+        cutoff = now_ms - self.retention_ms
+        bound = INFINITE
+        for topic, queues in self.broker.store.queues().items():
+            for q in queues:
+                off = self.broker.store.offset_for_timestamp(topic, q, cutoff)
+                bound = min(bound, self._position_at(topic, q, off))
+        return bound
+
+    def consumed_bound(self) -> int:
+        store = self.broker.store
+        committed: dict[tuple[str, int], list[int]] = {}
+        for (_group, topic, q), off in self.broker.offsets.all().items():
+            committed.setdefault((topic, q), []).append(off)
+        bound = INFINITE
+        for topic, queues in store.queues().items():
+            if topic.startswith(DLQ_PREFIX):
+                continue
+            for q in queues:
+                offs = committed.get((topic, q))
+                start = min(offs) if offs else store.queue_range(topic, q)[0]
+                bound = min(bound, self._position_at(topic, q, start))
+        return bound
+
+    def clean_once(self, now_ms: int | None = None) -> int:
+        """Release what the policy allows; returns what the store reports released."""
+        now_ms = record.now_ms() if now_ms is None else now_ms
+        bounds = []
+        if self.policy in ("time_and_consumed", "time"):
+            bounds.append(self.time_bound(now_ms))
+        if self.policy in ("time_and_consumed", "consumed"):
+            bounds.append(self.consumed_bound())
+        position = min(bounds)
+        log.debug("retention bounds %s (policy %s)", bounds, self.policy)
+        if position <= 0:
+            return 0
+        if position == INFINITE:  # nothing newer than the cutoff and everything consumed
+            position = max((self._end_position()), 0)
+        released = self.broker.store.delete_before(position)
+        if released:
+            self.released += released
+            log.info("retention released %d (before position %d)", released, position)
+        return released
+
+    def _end_position(self) -> int:
+        """One past the newest record's position: lets a store release every finished chunk."""
+        end = 0
+        store = self.broker.store
+        for topic, queues in store.queues().items():
+            for q in queues:
+                lo, hi = store.queue_range(topic, q)
+                if hi > lo:
+                    res = store.read_queue(topic, q, hi - 1, 1, 1 << 30, None)
+                    if res.count:
+                        end = max(end, record.header_fields(res.records)[5] + 1)
+        return end
+
+    async def run_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                self.clean_once()
+            except EQueueError as e:
+                log.warning("retention check failed: %s", e)
+            except Exception:
+                log.exception("retention check failed")
