@@ -546,7 +546,9 @@ class AsyncConsumer:
             if self._conn is not None:
                 await self._conn.close()
             if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
+                # Join the worker threads unless a handler is still stuck past the drain timeout,
+                # so a closed consumer leaves no threads behind.
+                self._pool.shutdown(wait=not self._work, cancel_futures=True)
 
 
 def _id_prefix(address: str) -> str:
