@@ -22,7 +22,7 @@ from equeue_core.client.connection import DEFAULT_TIMEOUT, BrokerConnection
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import Message, SendResult
 from equeue_core.codes import Code
-from equeue_core.errors import ClientClosedError, InvalidMessageError, TransportError
+from equeue_core.errors import BrokerBusyError, ClientClosedError, InvalidMessageError, TransportError
 from equeue_core.plugins import get_plugin_manager
 
 log = logging.getLogger("equeue.producer")
@@ -41,8 +41,55 @@ class _Route:
 @dataclass
 class _OpenBatch:
     parts: list[bytes] = field(default_factory=list)
-    futures: list[concurrent.futures.Future] = field(default_factory=list)
     size: int = 0
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+@dataclass(slots=True)
+class _BatchAnswer:
+    """A broker's answer to one SEND: enough to build each message's SendResult on demand."""
+
+    topic: str
+    queue_id: int
+    id_prefix: str
+    first_offset: int
+    positions: list[int]
+
+    def result(self, i: int) -> SendResult:
+        return SendResult(f"{self.id_prefix}{self.positions[i]:016X}", self.topic, self.queue_id,
+                          self.first_offset + i)
+
+    def results(self) -> list[SendResult]:
+        return [self.result(i) for i in range(len(self.positions))]
+
+
+class SendFuture:
+    """The future of one automatically batched message. Messages of a batch share one
+    underlying future, so batching does not cost a future (or a result object) per message
+    until someone asks for it. Offers result(), exception(), done(), add_done_callback() like
+    concurrent.futures.Future, and can be awaited from asyncio code."""
+
+    __slots__ = ("_batch", "_index")
+
+    def __init__(self, batch: concurrent.futures.Future, index: int) -> None:
+        self._batch = batch
+        self._index = index
+
+    def result(self, timeout: float | None = None) -> SendResult:
+        return self._batch.result(timeout).result(self._index)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._batch.exception(timeout)
+
+    def done(self) -> bool:
+        return self._batch.done()
+
+    def add_done_callback(self, fn: Any) -> None:
+        self._batch.add_done_callback(lambda _f: fn(self))
+
+    def __await__(self):
+        answer = yield from asyncio.wrap_future(self._batch).__await__()
+        return answer.result(self._index)
 
 
 class AsyncProducer:
@@ -63,8 +110,10 @@ class AsyncProducer:
         self._conn: BrokerConnection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # guards _open and _pending
         self._open: dict[tuple[str, int], _OpenBatch] = {}
-        self._in_flight = threading.BoundedSemaphore(max_in_flight)
+        self.max_in_flight = max_in_flight
+        self._pending = 0
         self._tasks: set[asyncio.Future] = set()
         self._closed = False
 
@@ -91,23 +140,25 @@ class AsyncProducer:
     # ---------------------------------------------------------------- batching
 
     def _enqueue(self, route: _Route, message: Message, routing_key: str | None,
-                 linger: bool = True) -> concurrent.futures.Future:
+                 linger: bool = True) -> SendFuture:
         """Add a message to its queue's open batch (any thread); returns its result future.
         Without linger the batch goes at the loop's next turn, taking whatever joined it by then."""
         if self._closed:
             raise ClientClosedError("the producer is closed")
         queue_id = self._select(route, routing_key)
         rec = message.encode(queue_id)
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._in_flight.acquire()
         key = (message.topic, queue_id)
-        with self._lock:
+        with self._room:
+            while self._pending >= self.max_in_flight:
+                if not self._room.wait(self.send_timeout):
+                    raise BrokerBusyError(f"{self._pending} messages waiting to be sent; the broker is not keeping up")
+            self._pending += 1
             batch = self._open.get(key)
             new = batch is None
             if batch is None:
                 batch = self._open[key] = _OpenBatch()
+            index = len(batch.parts)
             batch.parts.append(rec)
-            batch.futures.append(fut)
             batch.size += len(rec)
             full = batch.size >= self.max_batch_bytes
             if full:
@@ -121,7 +172,7 @@ class AsyncProducer:
                 loop.call_soon_threadsafe(self._arm_linger, key, batch)
             else:
                 loop.call_soon_threadsafe(self._linger_expired, key, batch)
-        return fut
+        return SendFuture(batch.future, index)
 
     def _arm_linger(self, key: tuple[str, int], batch: _OpenBatch) -> None:
         assert self._loop is not None
@@ -142,20 +193,23 @@ class AsyncProducer:
     async def _send_open_batch(self, key: tuple[str, int], batch: _OpenBatch) -> None:
         topic, queue_id = key
         try:
-            results = await self._send_frame(topic, queue_id, b"".join(batch.parts), {})
+            answer = await self._send_frame(topic, queue_id, b"".join(batch.parts), {})
         except BaseException as e:
-            for f in batch.futures:
-                self._in_flight.release()
-                f.set_exception(e)
+            self._release(len(batch.parts))
+            batch.future.set_exception(e)
             if isinstance(e, asyncio.CancelledError):
                 raise
             return
-        for f, r in zip(batch.futures, results, strict=True):
-            self._in_flight.release()
-            f.set_result(r)
+        self._release(len(batch.parts))
+        batch.future.set_result(answer)
 
-    async def _send_frame(self, topic: str, queue_id: int, body: bytes, extra: dict[str, Any]) -> list[SendResult]:
-        """One SEND request, retried on transport failures; results per record in order."""
+    def _release(self, n: int) -> None:
+        with self._room:
+            self._pending -= n
+            self._room.notify_all()
+
+    async def _send_frame(self, topic: str, queue_id: int, body: bytes, extra: dict[str, Any]) -> _BatchAnswer:
+        """One SEND request, retried on transport failures."""
         assert self._conn is not None
         header = {"topic": topic, "queue_id": queue_id, **extra}
         attempt = 0
@@ -169,9 +223,7 @@ class AsyncProducer:
                     raise TransportError(f"send to {topic}/{queue_id} failed after {attempt} tries: {e}") from e
                 await asyncio.sleep(0.1 * attempt)
         h = resp.header
-        prefix, first = h["id_prefix"], h["first_offset"]
-        return [SendResult(f"{prefix}{p:016X}", topic, queue_id, first + i)
-                for i, p in enumerate(h["positions"])]
+        return _BatchAnswer(topic, queue_id, h["id_prefix"], h["first_offset"], h["positions"])
 
     # ---------------------------------------------------------------- API
 
@@ -179,7 +231,7 @@ class AsyncProducer:
         route = await self.route(message.topic)
         if message.delay_level is not None or message.deliver_at is not None:
             return (await self._send_delayed(route, message, routing_key))
-        return await asyncio.wrap_future(self._enqueue(route, message, routing_key))
+        return await self._enqueue(route, message, routing_key)
 
     async def _send_delayed(self, route: _Route, message: Message, routing_key: str | None) -> SendResult:
         queue_id = self._select(route, routing_key)
@@ -188,7 +240,7 @@ class AsyncProducer:
             extra["deliver_at"] = message.deliver_at_ms()
         else:
             extra["delay_level"] = int(message.delay_level)  # type: ignore[arg-type]
-        return (await self._send_frame(message.topic, queue_id, message.encode(queue_id), extra))[0]
+        return (await self._send_frame(message.topic, queue_id, message.encode(queue_id), extra)).result(0)
 
     async def send_batch(self, messages: Sequence[Message], routing_key: str | None = None) -> list[SendResult]:
         """Send messages as few frames as possible: per topic one queue (hash of routing_key, or
@@ -210,14 +262,15 @@ class AsyncProducer:
             for i in idxs:
                 rec = messages[i].encode(queue_id)
                 if chunk and size + len(rec) > MAX_FRAME_BODY:
-                    for j, r in zip(chunk_idx, await self._send_frame(topic, queue_id, b"".join(chunk), {}),
-                                    strict=True):
+                    answer = await self._send_frame(topic, queue_id, b"".join(chunk), {})
+                    for j, r in zip(chunk_idx, answer.results(), strict=True):
                         results[j] = r
                     chunk, chunk_idx, size = [], [], 0
                 chunk.append(rec)
                 chunk_idx.append(i)
                 size += len(rec)
-            for j, r in zip(chunk_idx, await self._send_frame(topic, queue_id, b"".join(chunk), {}), strict=True):
+            answer = await self._send_frame(topic, queue_id, b"".join(chunk), {})
+            for j, r in zip(chunk_idx, answer.results(), strict=True):
                 results[j] = r
         return results  # type: ignore[return-value]
 
@@ -267,7 +320,7 @@ class Producer:
         return r
 
     def send_async(self, message: Message, routing_key: str | None = None,
-                   linger: bool = True) -> concurrent.futures.Future:
+                   linger: bool = True) -> SendFuture | concurrent.futures.Future:
         """Queue a message for the next batch; the future gives its SendResult."""
         self._check()
         if message.delay_level is not None or message.deliver_at is not None:
