@@ -47,7 +47,7 @@ class SharedDb:
 
 
 _lock = threading.Lock()
-_open: dict[str, SharedDb] = {}
+_open: dict[tuple[str, str], SharedDb] = {}  # (path, mode) -> instance
 
 
 def db_path(data_dir: str) -> str:
@@ -88,14 +88,16 @@ def acquire(data_dir: str, options: dict | None = None, reader: bool = False) ->
     options = options or {}
     path = db_path(data_dir)
     with _lock:
-        shared = _open.get(path)
-        if shared is not None and (reader or shared.mode == "primary"):
+        shared = _open.get((path, "primary"))
+        if shared is None and reader:
+            shared = _open.get((path, str(options.get("mode", "secondary"))))
+        if shared is not None:
             shared.refs += 1
             return shared
-        if shared is not None:
-            raise StoreError(f"RocksDB store {path} is open as a reader in this process; close readers first")
+        # A reader instance may coexist with a primary opened later in this process: RocksDB
+        # allows secondary and read-only instances beside the one read-write instance.
         shared = _open_reader(path, options) if reader else _open_primary(path, options)
-        _open[path] = shared
+        _open[(path, shared.mode)] = shared
         return shared
 
 
@@ -149,7 +151,7 @@ def release(shared: SharedDb) -> None:
         shared.refs -= 1
         if shared.refs > 0:
             return
-        _open.pop(shared.path, None)
+        _open.pop((shared.path, shared.mode), None)
     if shared.mode == "primary":
         shared.db.flush_wal(True)
     # Every view and handle keeps RocksDB alive: drop them all so the LOCK is really released.

@@ -1,0 +1,134 @@
+"""What only the LMDB and RocksDB stores have: their options and the clear errors at their limits.
+
+Not part of the contract every store passes (those are the other test files); these pin the
+behaviour docs/stores.md promises for the two key-value stores, when they are installed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from equeue_core.contracts import StoreSettings
+from equeue_core.errors import ConfigError, EQueueError, PluginError, StoreError
+from equeue_core.plugins import get_plugin_manager
+
+from .kit import append, check_message, make_batch, open_store, read_all, store_names
+
+KV_STORES = [n for n in ("lmdb", "rocksdb") if n in store_names()]
+
+
+def _settings(tmp_path, **options) -> StoreSettings:
+    return StoreSettings(data_dir=str(tmp_path / "data"), options=options)
+
+
+@pytest.mark.parametrize("name", KV_STORES)
+def test_message_store_given_another_plugins_index_is_refused_with_plugin_error(name, tmp_path):
+    pm = get_plugin_manager()
+    other = next(n for n in store_names() if n != name)
+    index = pm.queue_index(other)(StoreSettings(data_dir=str(tmp_path / "other")))
+    try:
+        with pytest.raises(PluginError, match="queue index"):
+            pm.message_store(name)(_settings(tmp_path), index)
+    finally:
+        index.close()
+
+
+@pytest.mark.parametrize("name", KV_STORES)
+def test_reader_of_a_directory_without_a_store_raises_store_error(name, tmp_path):
+    os.makedirs(tmp_path / "empty")
+    with pytest.raises(StoreError, match="no .* store at"):
+        get_plugin_manager().store_reader(name)(str(tmp_path / "empty"), {})
+
+
+@pytest.mark.parametrize("name", KV_STORES)
+def test_tiny_chunks_keep_every_record_readable_and_retention_exact(name, tmp_path):
+    """chunk_bytes smaller than a record: every record is a chunk of its own, so retention can
+    cut at any record."""
+    pm = get_plugin_manager()
+    settings = _settings(tmp_path, chunk_bytes=1)
+    index = pm.queue_index(name)(settings)
+    store = pm.message_store(name)(settings, index)
+    store.open()
+    try:
+        buf, starts = make_batch("t", 0, 0, 30)
+        res = store.append("t", 0, buf, starts)
+        for i, msg in enumerate(read_all(store, "t", 0, 0, 30)):
+            check_message(msg, "t", 0, i)
+        assert store.delete_before(res.positions[17]) > 0
+        assert store.queue_range("t", 0) == (17, 30)
+    finally:
+        store.close()
+        index.close()
+
+
+def test_lmdb_full_map_is_a_store_error_naming_the_option(tmp_path):
+    if "lmdb" not in store_names():
+        pytest.fail("the lmdb store plugin is not installed")
+    pm = get_plugin_manager()
+    settings = _settings(tmp_path, map_size=1 << 20)
+    index = pm.queue_index("lmdb")(settings)
+    store = pm.message_store("lmdb")(settings, index)
+    store.open()
+    try:
+        with pytest.raises(StoreError, match="map_size"):
+            for first in range(0, 100_000, 500):
+                buf, starts = make_batch("t", 0, first, 500)
+                store.append("t", 0, buf, starts)
+        # the failed append left nothing behind: what was stored is intact
+        lo, hi = store.queue_range("t", 0)
+        for i, msg in enumerate(read_all(store, "t", 0, lo, hi)):
+            check_message(msg, "t", 0, i)
+    finally:
+        store.close()
+        index.close()
+
+
+def test_rocksdb_unknown_compression_is_a_config_error_listing_the_choices(tmp_path):
+    with pytest.raises(ConfigError, match="zstd"):
+        get_plugin_manager().queue_index("rocksdb")(_settings(tmp_path, compression="brotli"))
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_rocksdb_compression_choice_round_trips_records(compression, tmp_path):
+    pm = get_plugin_manager()
+    settings = _settings(tmp_path, compression=compression)
+    index = pm.queue_index("rocksdb")(settings)
+    store = pm.message_store("rocksdb")(settings, index)
+    store.open()
+    try:
+        buf, starts = make_batch("t", 0, 0, 200)
+        store.append("t", 0, buf, starts)
+        for i, msg in enumerate(read_all(store, "t", 0, 0, 200)):
+            check_message(msg, "t", 0, i)
+    finally:
+        store.close()
+        index.close()
+
+
+def test_rocksdb_read_only_reader_does_not_follow_live_writes(tmp_path):
+    """The documented limit of mode=read_only (the default secondary mode follows: see
+    test_processes). Opened while no primary is open in this process, it sees the store as it was."""
+    data_dir = str(tmp_path / "data")
+    h = open_store("rocksdb", data_dir)
+    append(h, "t", 0, 10)
+    h.close()
+    reader = get_plugin_manager().store_reader("rocksdb")(data_dir, {"mode": "read_only"})
+    try:
+        h = open_store("rocksdb", data_dir)
+        try:
+            append(h, "t", 0, 5)
+            h.store.flush()
+            assert reader.queue_range("t", 0) == (0, 10)
+        finally:
+            h.close()
+    finally:
+        reader.close()
+
+
+def test_rocksdb_unknown_reader_mode_is_a_config_error(tmp_path):
+    data_dir = str(tmp_path / "data")
+    open_store("rocksdb", data_dir).close()
+    with pytest.raises(EQueueError, match="secondary"):
+        get_plugin_manager().store_reader("rocksdb")(data_dir, {"mode": "follower"})
