@@ -8,7 +8,8 @@ Guarantees:
 - The next request after a drop (server restart, network blip) reconnects transparently; if that
   reconnect fails, the request fails with ConnectionLostError and the one after tries again.
 - Push frames from the server go to `on_push` (a coroutine result is run as a task).
-- Writes are never copied here: `frame.encode` buffers go to `writelines` as they are.
+- Writes are never copied here: `frame.encode` buffers go to `writelines` as they are, one call
+  per event-loop iteration (framing.WriteCoalescer).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 import socket
 from collections.abc import Callable
 
-from equeue_plugins.transport_tcp.framing import FrameReader, Head
+from equeue_plugins.transport_tcp.framing import FrameReader, Head, WriteCoalescer
 from equeue_plugins.transport_tcp.server import tune_socket
 
 from equeue_core import frame as wire
@@ -44,6 +45,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self._owner = owner
         self.pending: dict[int, asyncio.Future] = {}
         self.transport: asyncio.Transport | None = None
+        self.writer: WriteCoalescer | None = None
         self.lost = False
         self.write_paused = False
         self._resumed: asyncio.Future | None = None
@@ -52,6 +54,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.writer = WriteCoalescer(transport, asyncio.get_running_loop())
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.reader.get_buffer(sizehint)
@@ -203,8 +206,8 @@ class TcpClientConnection:
         proto.pending[request_id] = fut
         timer = loop.call_later(timeout, _expire, fut, request_id, timeout)
         try:
-            assert proto.transport is not None
-            proto.transport.writelines(buffers)
+            assert proto.writer is not None
+            proto.writer.write(buffers)
             return await fut
         finally:
             timer.cancel()
@@ -223,8 +226,8 @@ class TcpClientConnection:
             await proto.drain()
         if proto.lost:
             raise ConnectionLostError(f"connection to {self.address} lost")
-        assert proto.transport is not None
-        proto.transport.writelines(buffers)
+        assert proto.writer is not None
+        proto.writer.write(buffers)
 
     def _deliver_push(self, frame: wire.Frame) -> None:
         if self.on_push is None:

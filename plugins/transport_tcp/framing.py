@@ -181,3 +181,30 @@ def error_for_head(head: Head, err: ProtocolError) -> wire.Frame:
     """The error response to the request whose head is `head` (its code and request id)."""
     request = wire.Frame(head[3], head[6], head[4])
     return request.error_response(err.code, str(err), **err.details)
+
+
+class WriteCoalescer:
+    """Frames written during one event-loop iteration leave in one `writelines` call.
+
+    With many requests in flight, responses (and pipelined requests) complete in bursts; one
+    writev per burst instead of one send() per frame was the largest single saving the profile
+    showed. Order is kept; buffers are not copied here (uvloop's writelines is a writev; plain
+    asyncio joins them). Costs one loop iteration of latency for a lone frame.
+    """
+
+    __slots__ = ("_transport", "_loop", "_pending")
+
+    def __init__(self, transport: object, loop: object) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list = []
+
+    def write(self, buffers: list) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)  # type: ignore[attr-defined]
+        self._pending += buffers
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and not self._transport.is_closing():  # type: ignore[attr-defined]
+            self._transport.writelines(pending)  # type: ignore[attr-defined]

@@ -19,7 +19,7 @@ import logging
 import socket
 from collections.abc import Mapping
 
-from equeue_plugins.transport_tcp.framing import FrameReader, Head, error_for_head
+from equeue_plugins.transport_tcp.framing import FrameReader, Head, WriteCoalescer, error_for_head
 
 from equeue_core import frame as wire
 from equeue_core.contracts import ServerHandler, TransportSettings
@@ -53,6 +53,7 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         self._max_frame = server.settings.max_frame_size
         self._read_timeout = server.settings.frame_read_timeout
         self._transport: asyncio.Transport | None = None
+        self._writer: WriteCoalescer | None = None
         self._closed = False
         self._tasks: set[asyncio.Task] = set()
         self._write_paused = False
@@ -74,8 +75,8 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         FrameTooLargeError if it is over the maximum frame size (nothing is sent)."""
         frame.flags |= wire.FLAG_PUSH
         buffers = wire.encode(frame, self._max_frame)
-        if not self._closed and self._transport is not None:
-            self._transport.writelines(buffers)
+        if not self._closed and self._writer is not None:
+            self._writer.write(buffers)
 
     def close(self) -> None:
         """Close the connection; pending writes are flushed, in-flight handler tasks are cancelled."""
@@ -86,6 +87,7 @@ class TcpServerConnection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        self._writer = WriteCoalescer(transport, self._loop)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             tune_socket(sock, self._server.settings.socket_buffer)
@@ -171,8 +173,8 @@ class TcpServerConnection(asyncio.BufferedProtocol):
             await self._resumed
             if self._closed:
                 return
-        assert self._transport is not None
-        self._transport.writelines(buffers)
+        assert self._writer is not None
+        self._writer.write(buffers)
 
     def _on_oversized(self, head: Head, err: FrameTooLargeError) -> None:
         if not head[4] & wire.FLAG_ONEWAY:
@@ -183,8 +185,8 @@ class TcpServerConnection(asyncio.BufferedProtocol):
             self._write_error(head, err)
 
     def _write_error(self, head: Head, err: ProtocolError) -> None:
-        if self._transport is not None and not self._closed:
-            self._transport.writelines(wire.encode(error_for_head(head, err)))
+        if self._writer is not None and not self._closed:
+            self._writer.write(wire.encode(error_for_head(head, err)))
 
     def _on_fatal(self, err: ProtocolError) -> None:
         log.info("closing connection %s from %s: %s", self.id, self.peer, err)
