@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_stores.py --records 1000000          # all stores, N = 1M
     .venv/bin/python bench/bench_stores.py --records 100000 --stores lmdb,rocksdb --table
+    .venv/bin/python bench/bench_stores.py --summarize run1.jsonl run2.jsonl run3.jsonl  # medians
 
 What is measured, per store, on real files under --dir (default: the system temp dir):
 - fill: N records (100 B bodies, 4 queues, batches of 1000, async flush) appended by a child
@@ -27,6 +28,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -190,6 +192,9 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 return r.get(key)
         return None
 
+    def num(v: Any, fmt: str) -> str:
+        return "-" if v is None else fmt.format(v)
+
     def k(v: Any) -> str:
         return "-" if v is None else f"{v / 1000:,.0f}k"
 
@@ -207,11 +212,30 @@ def markdown(results: list[dict[str, Any]]) -> str:
             k(get(s, "append_sync", "records_per_s")),
             k(get(s, "read_random", "reads_per_s")),
             k(get(s, "read_sequential", "records_per_s")),
-            str(get(s, "disk", "bytes_per_record")),
-            str(get(s, "recover_unclean", "seconds")),
-            str(get(s, "reopen_clean", "seconds")),
+            num(get(s, "disk", "bytes_per_record"), "{:.0f}"),
+            num(get(s, "recover_unclean", "seconds"), "{:.3f}"),
+            num(get(s, "reopen_clean", "seconds"), "{:.3f}"),
         ]) + " |")
     return "\n".join(lines)
+
+
+def medians(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Rows of several runs merged: each numeric field is the median over the runs (a noisy
+    machine makes one run's numbers wobble by tens of percent)."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for rows in runs:
+        for r in rows:
+            key = (r["store"], r["bench"], r.get("record_bytes"), r.get("batch"), r.get("flush"))
+            groups.setdefault(key, []).append(r)
+    out = []
+    for rows in groups.values():
+        merged = dict(rows[0])
+        for field_name, value in rows[0].items():
+            if isinstance(value, (int, float)) and field_name not in ("record_bytes", "batch"):
+                merged[field_name] = statistics.median(r[field_name] for r in rows)
+        merged["runs"] = len(rows)
+        out.append(merged)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -222,8 +246,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stores", default="", help="comma-separated store names (default: all installed)")
     p.add_argument("--dir", default=None, help="where to put the data (default: a new temp dir)")
     p.add_argument("--table", action="store_true", help="also print a markdown table to stderr")
+    p.add_argument("--summarize", nargs="+", metavar="JSONL",
+                   help="print the markdown table of the medians of earlier runs' output files, and exit")
     p.add_argument("--fill-child", nargs=3, metavar=("STORE", "DIR", "N"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.summarize:
+        runs = []
+        for path in args.summarize:
+            with open(path) as f:
+                runs.append([json.loads(line) for line in f if line.startswith("{")])
+        print(markdown(medians(runs)))
+        return
     if args.fill_child:
         name, data_dir, n = args.fill_child
         fill_and_die(name, data_dir, int(n))
