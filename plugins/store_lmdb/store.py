@@ -105,6 +105,9 @@ class LmdbMessageStore:
             with self.env.begin(write=True) as txn:
                 txn.put(keys.CLEAN, b"\x01", db=self.state_db)
         environment.release(self.shared)
+        # The store owns its index (it brought it up to date in open); closing it here keeps a
+        # caller that closes only the store from leaving the shared handle open. Idempotent.
+        self.index.close()
 
     # -- writer ---------------------------------------------------------------------------------
 

@@ -115,6 +115,9 @@ class RocksMessageStore:
             self.flusher.stop()
             self._put_state(keys.CLEAN, b"\x01")
         database.release(self.shared)
+        # The store owns its index (it brought it up to date in open); closing it here keeps a
+        # caller that closes only the store from leaving the shared handle open. Idempotent.
+        self.index.close()
 
     # -- writer ---------------------------------------------------------------------------------
 
