@@ -10,8 +10,10 @@ is its own process with one connection. Workloads:
 - `bulk_64k`:  64 KiB request bodies answered with a header-only ack, 8 in flight per client
   (what a producer sending batches looks like); reported as MiB/s of body moved.
 
-One JSON line per result (ops/s, MiB/s, p50/p99 latency in ms), then one line per workload with
-the ratio of each transport to tcp measured in this same run. Benchmarks are not tests: nothing
+One JSON line per result (ops/s, MiB/s, p50/p99 latency in ms, and CPU microseconds per request
+for the server process and the clients: on a shared, loaded machine the CPU figures move far less
+than the wall-clock ones), then one line per workload with the ratio of each transport to tcp
+measured in this same run. Benchmarks are not tests: nothing
 here asserts speed.
 """
 
@@ -22,7 +24,9 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import resource
 import sys
+import threading
 import time
 from typing import Any
 
@@ -53,9 +57,21 @@ class BenchHandler:
         pass
 
 
-def server_main(name: str, ready: Any, stop: Any) -> None:
+def _cpu_seconds() -> float:
+    """User + system CPU of this process, all threads (ZeroMQ's I/O threads included)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def server_main(name: str, ready: Any, stop: Any, control: Any, answers: Any) -> None:
     from equeue_core.contracts import TransportSettings
     from equeue_core.plugins import get_plugin_manager
+
+    def report_cpu() -> None:  # the driver asks for the server's CPU around each case
+        while control.get() is not None:
+            answers.put(_cpu_seconds())
+
+    threading.Thread(target=report_cpu, daemon=True).start()
 
     async def main() -> None:
         transport = get_plugin_manager().transport(name)
@@ -88,6 +104,7 @@ def client_main(name: str, port: int, workload: str, depth: int, duration: float
             await conn.request(Frame(code, header=header, body=body), 10)
         ready.put(os.getpid())
         await asyncio.to_thread(go.wait, 60)
+        cpu0 = _cpu_seconds()
         latencies: list[float] = []
         count = 0
         end = time.perf_counter() + duration
@@ -108,9 +125,10 @@ def client_main(name: str, port: int, workload: str, depth: int, duration: float
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(depth)))
         elapsed = time.perf_counter() - started
+        cpu = _cpu_seconds() - cpu0
         await conn.close()
         latencies.sort()
-        return {"count": count, "elapsed": elapsed, "bytes": count * len(body),
+        return {"count": count, "elapsed": elapsed, "bytes": count * len(body), "cpu": cpu,
                 "p50": latencies[len(latencies) // 2] if latencies else 0.0,
                 "p99": latencies[int(len(latencies) * 0.99)] if latencies else 0.0}
 
@@ -122,7 +140,7 @@ def client_main(name: str, port: int, workload: str, depth: int, duration: float
 
 
 def run_case(ctx: Any, name: str, port: int, workload: str, clients: int, depth: int,
-             duration: float) -> dict:
+             duration: float, control: Any, answers: Any) -> dict:
     ready, go, results = ctx.Queue(), ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=client_main,
                          args=(name, port, workload, depth, duration, ready, go, results))
@@ -132,8 +150,12 @@ def run_case(ctx: Any, name: str, port: int, workload: str, clients: int, depth:
     try:
         for _ in procs:
             ready.get(timeout=60)
+        control.put("mark")
+        server_cpu0 = answers.get(timeout=10)
         go.set()
         parts = [results.get(timeout=duration + 60) for _ in procs]
+        control.put("mark")
+        server_cpu = answers.get(timeout=10) - server_cpu0
     finally:
         for p in procs:
             p.join(30)
@@ -150,6 +172,9 @@ def run_case(ctx: Any, name: str, port: int, workload: str, clients: int, depth:
         "mib_per_s": round(nbytes / elapsed / (1024 * 1024), 2),
         "p50_ms": round(max(r["p50"] for r in parts) * 1000, 3),
         "p99_ms": round(max(r["p99"] for r in parts) * 1000, 3),
+        # CPU per request is what a loaded machine distorts least (server: its whole process).
+        "server_cpu_us_per_req": round(server_cpu / count * 1e6, 2) if count else None,
+        "client_cpu_us_per_req": round(sum(r["cpu"] for r in parts) / count * 1e6, 2) if count else None,
     }
 
 
@@ -167,18 +192,20 @@ def main(argv: list[str] | None = None) -> None:
     ctx = mp.get_context("spawn")
     rows: list[dict] = []
     for name in names:
-        ready, stop = ctx.Queue(), ctx.Event()
-        server = ctx.Process(target=server_main, args=(name, ready, stop))
+        ready, stop, control, answers = ctx.Queue(), ctx.Event(), ctx.Queue(), ctx.Queue()
+        server = ctx.Process(target=server_main, args=(name, ready, stop, control, answers))
         server.start()
         try:
             port = ready.get(timeout=60)
             for workload, depth in cases:
                 for clients in client_counts:
-                    row = run_case(ctx, name, port, workload, clients, depth, args.duration)
+                    row = run_case(ctx, name, port, workload, clients, depth, args.duration,
+                                   control, answers)
                     row["cpus"] = os.cpu_count()
                     rows.append(row)
                     print(json.dumps(row), flush=True)
         finally:
+            control.put(None)
             stop.set()
             server.join(30)
             if server.is_alive():
@@ -190,9 +217,11 @@ def main(argv: list[str] | None = None) -> None:
         if r["transport"] == "tcp" or ref is None:
             continue
         key = "mib_per_s" if r["workload"] == "bulk_64k" else "ops_per_s"
+        cpu = "server_cpu_us_per_req"
         print(json.dumps({"bench": "transport_ratio", "transport": r["transport"], "vs": "tcp",
                           "workload": r["workload"], "clients": r["clients"], "depth": r["depth"],
-                          "metric": key, "ratio": round(r[key] / ref[key], 3) if ref[key] else None}),
+                          "metric": key, "ratio": round(r[key] / ref[key], 3) if ref[key] else None,
+                          "server_cpu_ratio": round(r[cpu] / ref[cpu], 3) if ref[cpu] else None}),
               flush=True)
 
 

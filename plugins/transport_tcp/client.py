@@ -22,7 +22,7 @@ import socket
 from collections.abc import Callable
 
 from equeue_plugins.transport_tcp.framing import FrameReader, Head, WriteCoalescer
-from equeue_plugins.transport_tcp.server import tune_socket
+from equeue_plugins.transport_tcp.server import resolve, tune_socket
 
 from equeue_core import frame as wire
 from equeue_core.contracts import TransportSettings
@@ -147,9 +147,8 @@ class TcpClientConnection:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.settings.connect_timeout):
-                infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
-                family, type_, proto, _, sockaddr = infos[0]
-                sock = socket.socket(family, type_, proto)
+                family, sockaddr = await resolve(self.host, self.port)
+                sock = socket.socket(family, socket.SOCK_STREAM)
                 try:
                     tune_socket(sock, self.settings.socket_buffer)  # before connect: window scaling
                     sock.setblocking(False)

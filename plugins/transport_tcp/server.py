@@ -28,6 +28,21 @@ from equeue_core.errors import EQueueError, FrameTooLargeError, ProtocolError
 log = logging.getLogger(__name__)
 
 
+async def resolve(host: str, port: int, passive: bool = False) -> tuple[int, tuple]:
+    """(family, sockaddr) for host:port. An IP literal is used as is (no resolver thread, no
+    delay); a name goes through the loop's getaddrinfo and the first answer is taken."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+        except OSError:
+            continue
+        return family, ((host, port) if family == socket.AF_INET else (host, port, 0, 0))
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE if passive else 0)
+    return infos[0][0], infos[0][4]
+
+
 def tune_socket(sock: socket.socket, buffer_size: int) -> None:
     """TCP_NODELAY (frames are whole writes; Nagle only adds latency) and large kernel buffers."""
     try:
@@ -232,9 +247,8 @@ class TcpServer:
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, type_, proto, _, sockaddr = infos[0]
-        sock = socket.socket(family, type_, proto)
+        family, sockaddr = await resolve(host, port, passive=True)
+        sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             # Accepted sockets inherit the buffer sizes set before listen().

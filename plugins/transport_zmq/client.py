@@ -22,7 +22,12 @@ import os
 from collections.abc import Callable
 
 import zmq
-from equeue_plugins.transport_zmq.parts import frame_parts, parse_parts, set_common_options
+from equeue_plugins.transport_zmq.parts import (
+    FrameBatcher,
+    message_parts,
+    parse_message,
+    set_common_options,
+)
 from equeue_plugins.transport_zmq.pump import SocketPump
 from zmq.utils.monitor import parse_monitor_message
 
@@ -61,6 +66,7 @@ class ZmqClientConnection:
         self._monitor: zmq.Socket | None = None
         self._pump: SocketPump | None = None
         self._monitor_pump: SocketPump | None = None
+        self._batcher: FrameBatcher | None = None
         self._push_tasks: set[asyncio.Task] = set()
         self._connected = asyncio.Event()
         self._closed = False
@@ -99,6 +105,7 @@ class ZmqClientConnection:
                                      f"{'no handshake within ' + str(self.settings.connect_timeout) + 's' if isinstance(e, TimeoutError) else e}") from None
             raise
         self._pump = SocketPump(sock, self._on_message_safe)
+        self._batcher = FrameBatcher(self._send_message)
 
     # ------------------------------------------------------------ sending
 
@@ -107,19 +114,24 @@ class ZmqClientConnection:
         request_id = next(self._ids)
         frame.request_id = request_id
         frame.flags &= ~(wire.FLAG_ONEWAY | wire.FLAG_RESPONSE | wire.FLAG_PUSH)
-        parts, copy = frame_parts(frame, self.settings.max_frame_size)  # FrameTooLargeError: not sent
-        pump = self._pump
-        if self._closed or pump is None:
+        buffers = wire.encode(frame, self.settings.max_frame_size)  # FrameTooLargeError: not sent
+        pump, batcher = self._pump, self._batcher
+        if self._closed or pump is None or batcher is None:
             raise ClientClosedError(f"connection to {self.address} is closed")
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._pending[request_id] = fut
         timer = loop.call_later(timeout, _expire, fut, request_id, timeout)
         try:
-            queued = pump.send(parts, copy)
-            if queued is not None:  # disconnected (IMMEDIATE) or queue full: goes out when it can
-                queued.add_done_callback(lambda q: _send_failed(q, fut, self.address))
-                fut.add_done_callback(lambda _: queued.cancel())  # timed out first: withdraw it
+            if self._connected.is_set():
+                batcher.write(None, buffers)  # leaves with this iteration's other requests
+            else:
+                # Disconnected (IMMEDIATE): on its own, so it can be withdrawn if it times out
+                # before the reconnect.
+                queued = pump.send(*message_parts(buffers))
+                if queued is not None:
+                    queued.add_done_callback(lambda q: _send_failed(q, fut, self.address))
+                    fut.add_done_callback(lambda _: queued.cancel())
             return await fut
         finally:
             timer.cancel()
@@ -130,11 +142,14 @@ class ZmqClientConnection:
         ConnectionLostError. Delivery after the send is best effort."""
         frame.request_id = next(self._ids)
         frame.flags = (frame.flags | wire.FLAG_ONEWAY) & ~(wire.FLAG_RESPONSE | wire.FLAG_PUSH)
-        parts, copy = frame_parts(frame, self.settings.max_frame_size)
-        pump = self._pump
-        if self._closed or pump is None:
+        buffers = wire.encode(frame, self.settings.max_frame_size)
+        pump, batcher = self._pump, self._batcher
+        if self._closed or pump is None or batcher is None:
             raise ClientClosedError(f"connection to {self.address} is closed")
-        queued = pump.send(parts, copy)
+        if self._connected.is_set():
+            batcher.write(None, buffers)
+            return
+        queued = pump.send(*message_parts(buffers))
         if queued is not None:
             try:
                 await asyncio.wait_for(queued, self.settings.connect_timeout)
@@ -153,17 +168,24 @@ class ZmqClientConnection:
             log.exception("dropping a message that could not be handled")
 
     def _on_message(self, msg: list[zmq.Frame]) -> None:
-        try:
-            frame = parse_parts(msg, self.settings.max_frame_size)
-        except ProtocolError as e:
-            head = getattr(e, "head", None)
-            fut = self._pending.pop(head[6], None) if head is not None else None
-            if fut is not None and not fut.done():
-                cls = FrameTooLargeError if isinstance(e, FrameTooLargeError) else ProtocolError
-                fut.set_exception(cls(f"response: {e}", **e.details))
-            else:
-                log.warning("dropping an unparseable message from %s: %s", self.address, e)
+        parse_message(msg, self.settings.max_frame_size, self._on_frame, self._on_bad_frame)
+
+    def _on_bad_frame(self, head: tuple | None, e: ProtocolError) -> None:
+        fut = self._pending.pop(head[6], None) if head is not None else None
+        if fut is not None and not fut.done():
+            cls = FrameTooLargeError if isinstance(e, FrameTooLargeError) else ProtocolError
+            fut.set_exception(cls(f"response: {e}", **e.details))
+        else:
+            log.warning("dropping an unparseable message from %s: %s", self.address, e)
+
+    def _send_message(self, identity: bytes | None, parts: list, copy: bool) -> None:
+        if self._pump is None:
             return
+        queued = self._pump.send(parts, copy)
+        if queued is not None:  # lost the connection meanwhile: goes out after the reconnect
+            queued.add_done_callback(_consume)
+
+    def _on_frame(self, frame: wire.Frame) -> None:
         if frame.flags & wire.FLAG_PUSH:
             self._deliver_push(frame)
             return
@@ -213,6 +235,9 @@ class ZmqClientConnection:
         await self._shutdown()
 
     async def _shutdown(self) -> None:
+        if self._batcher is not None:
+            self._batcher.discard()
+            self._batcher = None
         for pump in (self._pump, self._monitor_pump):
             if pump is not None:
                 pump.close()
@@ -231,6 +256,11 @@ class ZmqClientConnection:
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
+
+
+def _consume(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _send_failed(queued: asyncio.Future, fut: asyncio.Future, address: str) -> None:

@@ -22,9 +22,9 @@ from collections.abc import Mapping
 
 import zmq
 from equeue_plugins.transport_zmq.parts import (
+    FrameBatcher,
     error_for_head,
-    frame_parts,
-    parse_parts,
+    parse_message,
     plain,
     set_common_options,
 )
@@ -58,9 +58,9 @@ class ZmqServerConnection:
         """Send an unsolicited frame (FLAG_PUSH is set here). Best effort: dropped if the peer is
         gone; FrameTooLargeError (nothing sent) if over the maximum frame size."""
         frame.flags |= wire.FLAG_PUSH
-        parts, copy = frame_parts(frame, self._server.settings.max_frame_size)
+        buffers = wire.encode(frame, self._server.settings.max_frame_size)
         if not self._closed:
-            self._server._send(self.identity, parts, copy)
+            self._server._write(self.identity, buffers)
 
 
 class ZmqServer:
@@ -77,6 +77,7 @@ class ZmqServer:
         self._monitor: zmq.Socket | None = None
         self._pump: SocketPump | None = None
         self._monitor_pump: SocketPump | None = None
+        self._batcher: FrameBatcher | None = None
         self._by_identity: dict[bytes, ZmqServerConnection] = {}
         self._by_fd: dict[int, ZmqServerConnection] = {}
         self._connections: dict[int, ZmqServerConnection] = {}
@@ -90,6 +91,7 @@ class ZmqServer:
 
     async def start(self, host: str, port: int) -> None:
         self._ctx = zmq.Context()
+        self._loop = asyncio.get_running_loop()
         sock = self._ctx.socket(zmq.ROUTER)
         try:
             set_common_options(sock, self.settings.socket_buffer, *self._hb)
@@ -110,6 +112,7 @@ class ZmqServer:
         bound_host, _, bound_port = endpoint.rpartition("//")[2].rpartition(":")
         self.address = (bound_host.strip("[]"), int(bound_port))
         self._pump = SocketPump(sock, self._on_message_safe)
+        self._batcher = FrameBatcher(self._send_message)
         assert self._monitor is not None
         self._monitor_pump = SocketPump(self._monitor, self._on_monitor_event)
 
@@ -134,19 +137,22 @@ class ZmqServer:
             fd = -1
         if conn is None or conn.fd != fd:
             conn = self._register(identity, fd, ident_part)
-        try:
-            request = parse_parts(msg[1:], self.settings.max_frame_size)
-        except ProtocolError as e:
-            head = getattr(e, "head", None)
+        tasks = conn.tasks
+        create_task = self._loop.create_task
+        serve = self._serve
+
+        def on_frame(request: wire.Frame) -> None:
+            task = create_task(serve(conn, request))  # in arrival order
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        def on_error(head: tuple | None, err: ProtocolError) -> None:
             if head is not None and not head[4] & wire.FLAG_ONEWAY:
-                parts, copy = frame_parts(error_for_head(head, e), self.settings.max_frame_size)
-                self._send(identity, parts, copy)
+                self._write(identity, wire.encode(error_for_head(head, err)))  # type: ignore[arg-type]
             elif head is None:
-                log.info("dropping an unparseable message from %s", conn.peer)
-            return
-        task = asyncio.ensure_future(self._serve(conn, request))
-        conn.tasks.add(task)
-        task.add_done_callback(conn.tasks.discard)
+                log.info("dropping the rest of a message from %s: %s", conn.peer, err)
+
+        parse_message(msg[1:], self.settings.max_frame_size, on_frame, on_error)
 
     def _register(self, identity: bytes, fd: int, part: zmq.Frame) -> ZmqServerConnection:
         old = self._by_identity.get(identity)
@@ -207,13 +213,17 @@ class ZmqServer:
         response.request_id = request.request_id
         response.flags |= wire.FLAG_RESPONSE
         try:
-            parts, copy = frame_parts(response, self.settings.max_frame_size)
+            buffers = wire.encode(response, self.settings.max_frame_size)
         except FrameTooLargeError as e:
-            parts, copy = frame_parts(request.error_response(e.code, str(e), **plain(e.details)),
-                                      self.settings.max_frame_size)
-        self._send(conn.identity, parts, copy)
+            buffers = wire.encode(request.error_response(e.code, str(e), **plain(e.details)))
+        self._write(conn.identity, buffers)
 
-    def _send(self, identity: bytes, parts: list, copy: bool) -> None:
+    def _write(self, identity: bytes, buffers: list) -> None:
+        """Queue encoded frames for one peer; they leave at the end of this loop iteration."""
+        if self._batcher is not None and not self._closed:
+            self._batcher.write(identity, buffers)
+
+    def _send_message(self, identity: bytes | None, parts: list, copy: bool) -> None:
         """Send to one peer, now or queued in order (its queue is full). A vanished peer is not an
         error here: ROUTER_MANDATORY refuses the send and the monitor reports the peer lost."""
         if self._pump is None or self._closed:
@@ -236,6 +246,8 @@ class ZmqServer:
         for conn in list(self._connections.values()):
             self._lost(conn)
         self._closed = True
+        if self._batcher is not None:
+            self._batcher.discard()
         for pump in (self._pump, self._monitor_pump):
             if pump is not None:
                 pump.close()
