@@ -37,7 +37,9 @@ def test_reader_in_another_process_sees_an_intact_growing_prefix(harness):
         "the reader never saw the queue grow while the writer appended"
 
 
-def test_sigkill_during_sync_appends_loses_no_acknowledged_record(harness):
+def _kill_writer_mid_appends(harness) -> int:
+    """Run the sync-mode writer until it has acknowledged a few dozen batches, SIGKILL it, and
+    return the queue offset its acknowledgements reached."""
     child = Child.start("_crash_writer.py", harness.name, harness.data_dir, T)
     try:
         assert child.read_until(lambda lines: "ready" in lines, timeout=30), child.drain(5)
@@ -49,22 +51,30 @@ def test_sigkill_during_sync_appends_loses_no_acknowledged_record(harness):
         child.stop()
     acks = [tuple(map(int, line.split()[1:])) for line in child.lines if line.startswith("ack ")]
     assert len(acks) >= 5, f"the writer acknowledged too little before the kill: {err}"
-    acked_end = 0
+    acked_end = acks[0][0]
     for first, n in acks:
         assert first == acked_end, "acknowledgements out of order"
         acked_end = first + n
-    h = harness.open()
-    assert not h.report.clean, "a SIGKILL must not be reported as a clean stop"
-    lo, hi = h.store.queue_range(T, 0)
-    assert lo == 0 and hi >= acked_end, f"acknowledged up to {acked_end}, store has [{lo}, {hi})"
-    msgs = read_all(h.store, T, 0, 0, hi, max_count=500)  # verifies every crc on the way
-    for i, msg in enumerate(msgs):
-        check_message(msg, T, 0, i)
-    positions = [m.position for m in msgs]
-    assert positions == sorted(set(positions))
-    assert record.verify(h.store.read_position(positions[-1])) > 0
+    return acked_end
+
+
+def test_sigkill_during_sync_appends_loses_no_acknowledged_record(harness):
+    for _round in range(2):  # the second writer continues the store the first one left behind
+        acked_end = _kill_writer_mid_appends(harness)
+        h = harness.open()
+        assert not h.report.clean, "a SIGKILL must not be reported as a clean stop"
+        lo, hi = h.store.queue_range(T, 0)
+        assert lo == 0 and hi >= acked_end, f"acknowledged up to {acked_end}, store has [{lo}, {hi})"
+        msgs = read_all(h.store, T, 0, 0, hi, max_count=500)  # verifies every crc on the way
+        for i, msg in enumerate(msgs):
+            check_message(msg, T, 0, i)
+        positions = [m.position for m in msgs]
+        assert positions == sorted(set(positions))
+        assert record.verify(h.store.read_position(positions[-1])) > 0
+        h.close()
     offsets = harness.offsets()
     assert offsets.get_meta("crash-test") == b"written before the appends"
     assert offsets.get("g", T, 0) == 5
     # the recovered store takes new appends right after what survived
+    h = harness.open()
     assert append(h, T, 0, 2).first_queue_offset == hi
