@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from functools import cached_property
 from typing import Any
@@ -10,6 +11,8 @@ import pluggy
 
 from equeue_core import hookspecs
 from equeue_core.errors import PluginError
+
+log = logging.getLogger("equeue.plugins")
 
 # hook name -> (what config calls it, contract object must satisfy or None)
 HOOKS = {
@@ -35,12 +38,29 @@ class PluginManager:
         self.pm.add_hookspecs(hookspecs)
         if load_entry_points is None:
             load_entry_points = not os.environ.get("EQUEUE_NO_ENTRY_POINTS")
+        self.failed: dict[str, str] = {}
         if load_entry_points:
-            self.pm.load_setuptools_entrypoints(hookspecs.PROJECT)
+            self._load_entry_points()
         self.pm.check_pending()
         if os.environ.get("EQUEUE_TRACE_PLUGINS"):
             self.pm.trace.root.setwriter(print)
             self.pm.enable_tracing()
+
+    def _load_entry_points(self) -> None:
+        """Load every `equeue` entry point; one that fails to import is reported, not fatal, so a
+        broken third-party plugin cannot take the built-in ones down with it."""
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=hookspecs.PROJECT):
+            if self.pm.get_plugin(ep.name) is not None or self.pm.is_blocked(ep.name):
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as e:
+                self.failed[ep.name] = f"{type(e).__name__}: {e}"
+                log.warning("plugin %s (%s) failed to load: %s", ep.name, ep.value, self.failed[ep.name])
+                continue
+            self.pm.register(plugin, name=ep.name)
 
     def register(self, plugin: object, name: str | None = None) -> None:
         self.pm.register(plugin, name)
@@ -80,7 +100,8 @@ class PluginManager:
         entries = self._registry[hook_name]
         if name not in entries:
             installed = ", ".join(sorted(entries)) or "none"
-            raise PluginError(f"unknown {HOOKS[hook_name]} {name!r}; installed: {installed}")
+            broken = "".join(f"; plugin {p} failed to load ({why})" for p, why in sorted(self.failed.items()))
+            raise PluginError(f"unknown {HOOKS[hook_name]} {name!r}; installed: {installed}{broken}")
         return entries[name][0]
 
     def describe(self) -> dict[str, list[tuple[str, str]]]:

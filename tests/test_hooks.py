@@ -142,3 +142,22 @@ def test_a_misspelt_hook_is_caught_at_registration():
 def test_unknown_store_name_lists_the_installed_ones():
     with pytest.raises(PluginError, match="installed: file"):
         get_plugin_manager().message_store("nosuchstore")
+
+
+def test_a_plugin_that_fails_to_import_is_reported_not_fatal(tmp_path, monkeypatch):
+    """A broken entry point leaves the others working and is named in errors and `equeue plugins`."""
+    import importlib.metadata as md
+
+    broken = md.EntryPoint(name="broken_plugin", value="no_such_module_xyz", group="equeue")
+    real = md.entry_points
+
+    def fake_entry_points(**kw):
+        eps = list(real(**kw))
+        return eps + [broken] if kw.get("group") == "equeue" else real(**kw)
+
+    monkeypatch.setattr(md, "entry_points", fake_entry_points)
+    pm = PluginManager()
+    assert "broken_plugin" in pm.failed
+    assert "file" in pm.names("equeue_message_stores")
+    with pytest.raises(PluginError, match="broken_plugin failed to load"):
+        pm.message_store("nosuchstore")

@@ -92,10 +92,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
 def _run_loop(coro: Any) -> None:
     try:
         import uvloop
-
-        uvloop.run(coro)
-    except ImportError:  # pragma: no cover
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         asyncio.run(coro)
+    else:
+        uvloop.run(coro)
 
 
 # ---------------------------------------------------------------- produce / consume
@@ -235,10 +235,13 @@ def cmd_groups(args: argparse.Namespace) -> int:
 def cmd_plugins(args: argparse.Namespace) -> int:
     from equeue_core.plugins import get_plugin_manager
 
-    for hook, entries in get_plugin_manager().describe().items():
+    pm = get_plugin_manager()
+    for hook, entries in pm.describe().items():
         print(f"{hook}:")
         for name, origin in entries:
             print(f"  {name:<22} {origin}")
+    for name, why in sorted(pm.failed.items()):
+        print(f"failed to load: {name}: {why}")
     return 0
 
 
