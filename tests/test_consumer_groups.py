@@ -77,11 +77,13 @@ def test_leave_and_join_while_messages_flow_loses_nothing(fast_broker):
     _create(fast_broker.address, "flow", 8)
     total = 50_000
     seen: collections.Counter = collections.Counter()
+    first_seen: dict[bytes, float] = {}
     lock = threading.Lock()
 
     def handler(m):
         with lock:
             seen[m.body] += 1
+            first_seen.setdefault(m.body, time.monotonic())
 
     def produce():
         with Producer(fast_broker.address) as p:
@@ -98,9 +100,11 @@ def test_leave_and_join_while_messages_flow_loses_nothing(fast_broker):
     c = None
     try:
         assert wait_until(lambda: len(seen) > 10_000, 60)
+        change_started = time.monotonic()
         a.close()  # one consumer leaves mid-stream...
         c = Consumer("gf", fast_broker.address, consume_from="first", **FAST).subscribe("flow")
         c.start(handler)  # ...and another joins
+        change_ended = time.monotonic()
         producer.join(120)
         assert wait_until(lambda: len(seen) >= total, 90), f"only {len(seen)} of {total} handled"
     finally:
@@ -108,10 +112,14 @@ def test_leave_and_join_while_messages_flow_loses_nothing(fast_broker):
         b.close()
         if c is not None:
             c.close()
-    assert set(seen) == {f"{j}".encode() for j in range(total)}
-    duplicates = sum(n - 1 for n in seen.values())
-    print(f"\nrebalance under flow: {total} messages, {duplicates} duplicates")
-    assert duplicates < total // 10, "duplicates should happen only around the change"
+    assert set(seen) == {f"{j}".encode() for j in range(total)}, "a message was never handled"
+    dups = [body for body, n in seen.items() if n > 1]
+    print(f"\nrebalance under flow: {total} messages, {sum(seen[b] - 1 for b in dups)} duplicates")
+    # Duplicates come only from around the change: messages first handled shortly before a queue
+    # changed hands (not yet committed) and handled again by the new owner.
+    window = FAST["commit_interval"] + FAST["rebalance_interval"] + 5.0
+    late_or_early = [b for b in dups if not change_started - window <= first_seen[b] <= change_ended + window]
+    assert not late_or_early, f"{len(late_or_early)} duplicates far from the membership change"
 
 
 def test_failed_messages_retry_with_growing_delays_then_land_in_dlq(fast_broker):
