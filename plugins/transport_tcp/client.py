@@ -244,6 +244,8 @@ class TcpClientConnection:
     def _drop(self) -> None:
         proto, self._proto = self._proto, None
         if proto is not None and proto.transport is not None:
+            if proto.writer is not None:
+                proto.writer.flush()  # a one-way frame sent just before close() still goes out
             proto.transport.close()
             proto.connection_lost(None)  # fail in-flight requests now, not on the next iteration
 

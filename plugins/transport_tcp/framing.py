@@ -201,10 +201,11 @@ class WriteCoalescer:
 
     def write(self, buffers: list) -> None:
         if not self._pending:
-            self._loop.call_soon(self._flush)  # type: ignore[attr-defined]
+            self._loop.call_soon(self.flush)  # type: ignore[attr-defined]
         self._pending += buffers
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Hand everything written so far to the transport now (before a close)."""
         pending, self._pending = self._pending, []
         if pending and not self._transport.is_closing():  # type: ignore[attr-defined]
             self._transport.writelines(pending)  # type: ignore[attr-defined]

@@ -27,6 +27,9 @@ from equeue_core.errors import EQueueError, FrameTooLargeError, ProtocolError
 
 log = logging.getLogger(__name__)
 
+CLOSE_SETTLE = 0.05  # seconds server.close() lets nearly finished handlers finish
+CLOSE_FLUSH = 1.0  # seconds server.close() lets written responses drain before aborting
+
 
 async def resolve(host: str, port: int, passive: bool = False) -> tuple[int, tuple]:
     """(family, sockaddr) for host:port. An IP literal is used as is (no resolver thread, no
@@ -94,7 +97,10 @@ class TcpServerConnection(asyncio.BufferedProtocol):
             self._writer.write(buffers)
 
     def close(self) -> None:
-        """Close the connection; pending writes are flushed, in-flight handler tasks are cancelled."""
+        """Close the connection: frames already written are flushed first, in-flight handler
+        tasks are cancelled (connection_lost follows once the kernel buffer drains)."""
+        if self._writer is not None:
+            self._writer.flush()
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
 
@@ -267,15 +273,30 @@ class TcpServer:
         return TcpServerConnection(self, self._next_id)
 
     async def close(self) -> None:
-        """Stop accepting, close every connection (handlers see connection_lost), and wait for the
-        in-flight handler tasks to finish cancelling."""
+        """Stop accepting and close every connection; handlers see connection_lost and the
+        connections leave `connections` before this returns.
+
+        Gentle first: handlers that are about to finish (a held pull just woken) get up to
+        CLOSE_SETTLE seconds, responses already written are flushed (up to CLOSE_FLUSH seconds
+        for a peer that does not read); then whatever remains is aborted and its tasks cancelled.
+        """
         if self._server is not None:
             self._server.close()
         conns = list(self._connections.values())
+        tasks = [t for c in conns for t in c._tasks]
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLOSE_SETTLE)
         for conn in conns:
+            conn.close()
+        deadline = asyncio.get_running_loop().time() + CLOSE_FLUSH
+        while self._connections and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)
+        for conn in list(self._connections.values()):
             if conn._transport is not None:
                 conn._transport.abort()
         tasks = [t for c in conns for t in c._tasks]
+        for task in tasks:
+            task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         if self._server is not None:

@@ -228,6 +228,8 @@ class ZmqClientConnection:
         if self._closed:
             return
         self._closed = True
+        if self._batcher is not None:
+            self._batcher.flush()  # best effort: LINGER 0 may still drop what is unsent
         self._fail_pending(ConnectionLostError(f"connection to {self.address} closed"))
         for task in list(self._push_tasks):
             task.cancel()

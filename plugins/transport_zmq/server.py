@@ -37,6 +37,8 @@ from equeue_core.errors import EQueueError, FrameTooLargeError, ProtocolError
 
 log = logging.getLogger(__name__)
 
+CLOSE_SETTLE = 0.05  # seconds close() lets nearly finished handlers finish
+
 
 class ZmqServerConnection:
     """One DEALER peer of the ROUTER, known by its routing identity."""
@@ -243,6 +245,10 @@ class ZmqServer:
         if self._closed:
             return
         tasks = [t for c in self._connections.values() for t in c.tasks]
+        if tasks:  # handlers about to finish (a held pull just woken) may still answer
+            await asyncio.wait(tasks, timeout=CLOSE_SETTLE)
+        if self._batcher is not None:
+            self._batcher.flush()  # best effort: LINGER 0 may still drop what is unsent
         for conn in list(self._connections.values()):
             self._lost(conn)
         self._closed = True

@@ -452,3 +452,36 @@ def test_close_leaves_no_sockets_or_threads(name: str, loop: str) -> None:
         await asyncio.sleep(0.05)
         assert counts() == before
     run(loop, main)
+
+
+def test_close_delivers_what_was_already_sent(name: str, loop: str) -> None:
+    """A one-way frame sent right before the client's close() reaches the server, and a handler
+    that finishes as the server closes still gets its answer out (TCP guarantees both; ZeroMQ,
+    closing with LINGER 0, does its best and must at least fail cleanly)."""
+    async def main() -> None:
+        t = transport(name)
+        handler = ScriptedHandler()
+        server = await t.serve(HOST, 0, handler, settings())
+        client = await t.connect(HOST, server.address[1], settings())
+        other = await t.connect(HOST, server.address[1], settings())
+        try:
+            await client.request(Frame(ECHO), 5)
+            await client.send_oneway(Frame(ECHO, header={"last": True}))
+            await client.close()
+            if name == "tcp":
+                await wait_until(lambda: any(f.header.get("last") for f in handler.oneway),
+                                 what="the one-way frame sent before close")
+            held = asyncio.ensure_future(other.request(Frame(HOLD), 10))
+            await wait_until(lambda: handler.holding == 1, what="a held request")
+            handler.release.set()  # the handler finishes while the server is closing
+            await server.close()
+            try:
+                reply = await held
+                assert reply.header == {"released": True}
+            except ConnectionLostError:
+                assert name != "tcp", "TCP must deliver a response written before close"
+        finally:
+            await client.close()
+            await other.close()
+            await server.close()
+    run(loop, main)
