@@ -164,6 +164,12 @@ def test_failed_messages_retry_with_growing_delays_then_land_in_dlq(fast_broker)
     assert rows
     for row in rows:
         assert row["committed"] == row["max_offset"], "the offset did not move past the failed messages"
+    shown = subprocess.run([sys.executable, "-m", "equeue_core.cli.main", "message", dlq[0].msg_id,
+                            "--broker", fast_broker.address], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "poison" in shown.stdout and "RETRY_TOPIC" in shown.stdout
+    listed = subprocess.run([sys.executable, "-m", "equeue_core.cli.main", "groups", "dlq", "gr",
+                             "--broker", fast_broker.address], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 10
     with AdminClient(fast_broker.address) as admin:
         assert admin.resend_dlq("gr") == 10
         assert sum(hi for _, hi in admin.queue_ranges("work")) == 110
@@ -334,3 +340,48 @@ def test_admin_reports_lag_and_resets_offsets(fast_broker):
                         "--broker", fast_broker.address], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ))
     assert r.returncode == 0 and "adm" in r.stdout and "lag" in r.stdout
+
+
+def test_flow_control_pauses_pulling_a_full_queue(fast_broker):
+    with Producer(fast_broker.address) as p:
+        p.send_batch([Message("flowctl", b"x" * 10) for _ in range(2000)], routing_key="one")
+    peak = 0
+    stop = threading.Event()
+    c = Consumer("gfc", fast_broker.address, consume_from="first", flow_max_messages=64, pull_batch=16,
+                 parallel_per_queue=4, **FAST).subscribe("flowctl")
+
+    def watch():
+        nonlocal peak
+        while not stop.is_set():
+            for pq in list(c._async.queues.values()):
+                peak = max(peak, len(pq.in_flight))
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    c.start(lambda m: time.sleep(0.002))
+    try:
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        watcher.join(5)
+        c.close()
+    assert 0 < peak <= 64 + 16, f"{peak} messages cached for one queue"
+
+
+def test_a_new_group_can_start_from_a_timestamp(fast_broker):
+    with Producer(fast_broker.address) as p:
+        p.send_batch([Message("since", b"old") for _ in range(20)])
+        time.sleep(0.3)
+        since = int(time.time() * 1000)
+        time.sleep(0.05)
+        p.send_batch([Message("since", b"new") for _ in range(20)])
+    col = Collector(20)
+    c = Consumer("gts", fast_broker.address, consume_from=since, **FAST).subscribe("since")
+    c.start(col)
+    try:
+        assert col.wait(20)
+        time.sleep(0.5)
+    finally:
+        c.close()
+    assert [b for *_, b in col.items] == [b"new"] * 20

@@ -232,6 +232,18 @@ def cmd_groups(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_message(args: argparse.Namespace) -> int:
+    from equeue_core.client import AdminClient
+
+    with AdminClient(args.broker) as admin:
+        m = admin.get_message(args.msg_id)
+    for field in ("msg_id", "topic", "queue_id", "queue_offset", "tag", "keys", "properties",
+                  "reconsume_times", "born_ts", "store_ts"):
+        print(f"{field:<16}{getattr(m, field)}")
+    print(f"{'body':<16}{m.body.decode('utf-8', 'replace')}")
+    return 0
+
+
 def cmd_plugins(args: argparse.Namespace) -> int:
     from equeue_core.plugins import get_plugin_manager
 
@@ -309,6 +321,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true")
     g.add_argument("--broker", default=DEFAULT_BROKER)
     g.set_defaults(fn=cmd_groups)
+
+    ms = sub.add_parser("message", help="show one message by its msg id")
+    ms.add_argument("msg_id")
+    ms.add_argument("--broker", default=DEFAULT_BROKER)
+    ms.set_defaults(fn=cmd_message)
 
     pl = sub.add_parser("plugins", help="installed plugins per hook")
     pl.set_defaults(fn=cmd_plugins)
