@@ -119,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
 
             df = (spark.read.format("equeue").option("store", store).option("path", data)
                   .option("topic", topic).load())
-            df.limit(1).collect()  # warm-up: workers started, plugins imported
+            # warm-up (workers started, plugins imported) on a one-row-per-queue read
+            (spark.read.format("equeue").option("store", store).option("path", data)
+             .option("topic", topic).option("endingOffset", "1").load().collect())
             count, secs = timed(df.count)
             assert count == n, (count, n)
             _emit(**common, store=store, op="count", seconds=round(secs, 3), rows_per_s=round(n / secs))

@@ -150,3 +150,12 @@ def test_reader_while_the_writer_holds_the_store(spark, store_name, tmp_path):
             assert len(rows) == 500 and all(check_body(bytes(r.body)) for r in rows)
     finally:
         w.close()
+
+
+def test_auto_registration_module_points_at_the_source():
+    """PySpark auto-registers `pyspark_*` modules' DefaultSource under DefaultSource.name()."""
+    from equeue_spark.datasource import EQueueDataSource
+
+    import pyspark_equeue
+
+    assert pyspark_equeue.DefaultSource is EQueueDataSource and EQueueDataSource.name() == "equeue"
