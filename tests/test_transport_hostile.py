@@ -25,6 +25,7 @@ from equeue_core.frame import Frame
 
 from .conformance.transports.harness import (
     ECHO,
+    HOLD,
     ScriptedHandler,
     run,
     settings,
@@ -315,3 +316,36 @@ def test_zmq_garbage_never_disturbs_a_good_client(loop: str) -> None:
 def test_pack_helper_matches_the_codec() -> None:
     data = wire.encode_bytes(Frame(ECHO, request_id=7))
     assert data == head(18) and struct.unpack_from("<I", data)[0] == 18
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_tcp_flooding_client_is_held_in_its_socket_not_in_server_memory(loop: str) -> None:
+    """10,000 requests in flight that the handler sits on: the server stops reading that
+    connection at MAX_IN_FLIGHT handler tasks (plus what one read had already brought in), other
+    connections are unaffected, and everything is answered once the handler lets go."""
+    from equeue_plugins.transport_tcp.server import MAX_IN_FLIGHT
+
+    async def main() -> None:
+        t = transport("tcp")
+        handler = ScriptedHandler()
+        server = await t.serve(HOST, 0, handler, settings())
+        flood = await t.connect(HOST, server.address[1], settings())
+        other = await t.connect(HOST, server.address[1], settings())
+        calls = [asyncio.ensure_future(flood.request(Frame(HOLD), 60)) for _ in range(10_000)]
+        try:
+            await wait_until(lambda: handler.holding >= MAX_IN_FLIGHT, what="the flood to arrive")
+            await asyncio.sleep(0.2)
+            assert MAX_IN_FLIGHT <= handler.holding < MAX_IN_FLIGHT + SCRATCH_SIZE // wire.HEAD_SIZE + 1
+            assert bytes((await other.request(Frame(ECHO, body=b"fine"), 5)).body) == b"fine"
+            handler.release.set()
+            replies = await asyncio.wait_for(asyncio.gather(*calls), 30)
+            assert all(r.header == {"released": True} for r in replies)
+        finally:
+            handler.release.set()
+            for c in calls:
+                c.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+            await flood.close()
+            await other.close()
+            await server.close()
+    run(loop, main, timeout=90)

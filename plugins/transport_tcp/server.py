@@ -27,6 +27,7 @@ from equeue_core.errors import EQueueError, FrameTooLargeError, ProtocolError
 
 log = logging.getLogger(__name__)
 
+MAX_IN_FLIGHT = 4096  # requests being handled per connection before we stop reading from it
 CLOSE_SETTLE = 0.05  # seconds server.close() lets nearly finished handlers finish
 CLOSE_FLUSH = 1.0  # seconds server.close() lets written responses drain before aborting
 
@@ -75,6 +76,7 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         self._closed = False
         self._tasks: set[asyncio.Task] = set()
         self._write_paused = False
+        self._reading_paused = False
         self._resumed: asyncio.Future | None = None
         self._loop = asyncio.get_running_loop()
         self._last_data = 0.0
@@ -150,16 +152,27 @@ class TcpServerConnection(asyncio.BufferedProtocol):
     def pause_writing(self) -> None:
         # The peer is not reading its responses: stop reading its requests until it catches up.
         self._write_paused = True
-        if self._transport is not None:
-            self._transport.pause_reading()
+        self._update_reading()
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        if self._transport is not None and not self._closed:
-            self._transport.resume_reading()
+        self._update_reading()
         if self._resumed is not None and not self._resumed.done():
             self._resumed.set_result(None)
         self._resumed = None
+
+    def _update_reading(self) -> None:
+        """Read only while the peer reads our answers and has fewer than MAX_IN_FLIGHT requests
+        being handled: a flooding client waits in its own socket buffer, not in our memory."""
+        if self._transport is None or self._closed:
+            return
+        stop = self._write_paused or len(self._tasks) >= MAX_IN_FLIGHT
+        if stop and not self._reading_paused:
+            self._reading_paused = True
+            self._transport.pause_reading()
+        elif not stop and self._reading_paused and len(self._tasks) <= MAX_IN_FLIGHT // 2:
+            self._reading_paused = False
+            self._transport.resume_reading()
 
     # ------------------------------------------------------------ frames
 
@@ -168,7 +181,14 @@ class TcpServerConnection(asyncio.BufferedProtocol):
             return
         task = self._loop.create_task(self._serve(frame))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+        if len(self._tasks) >= MAX_IN_FLIGHT:
+            self._update_reading()
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if self._reading_paused:
+            self._update_reading()
 
     async def _serve(self, request: wire.Frame) -> None:
         try:
