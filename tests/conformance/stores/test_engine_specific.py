@@ -132,3 +132,58 @@ def test_rocksdb_unknown_reader_mode_is_a_config_error(tmp_path):
     open_store("rocksdb", data_dir).close()
     with pytest.raises(EQueueError, match="secondary"):
         get_plugin_manager().store_reader("rocksdb")(data_dir, {"mode": "follower"})
+
+
+def _flip_a_body_byte(name: str, store, position: int) -> None:
+    """Damage the stored record at position behind the store's back (a disk error, a bad copy)."""
+    from equeue_plugins.store_lmdb import keys  # the key layout both engines share
+
+    key = keys.log_key(position)
+    if name == "lmdb":
+        with store.env.begin(write=True) as txn:
+            value = bytearray(txn.get(key, db=store.log_db))
+            value[-1] ^= 0xFF
+            txn.put(key, bytes(value), db=store.log_db)
+    else:
+        log = store.shared.view["log"]
+        value = bytearray(log[key])
+        value[-1] ^= 0xFF
+        log[key] = bytes(value)
+
+
+@pytest.mark.parametrize("name", KV_STORES)
+def test_flipped_byte_in_a_stored_record_is_refused_not_served(name, tmp_path):
+    from equeue_core.errors import CorruptRecordError
+
+    data_dir = str(tmp_path / "data")
+    h = open_store(name, data_dir)
+    try:
+        res = append(h, "t", 0, 1)  # one record: its chunk ends with its last body byte
+        append(h, "t", 0, 3)
+        _flip_a_body_byte(name, h.store, res.positions[0])
+        with pytest.raises(CorruptRecordError):
+            h.store.read_queue("t", 0, 0, 10, 1 << 20)
+        with pytest.raises(CorruptRecordError):
+            h.store.read_position(res.positions[0])
+        assert h.store.read_queue("t", 0, 1, 10, 1 << 20).count == 3, "intact records stay readable"
+        h.store.flush()
+        reader = get_plugin_manager().store_reader(name)(data_dir, {})
+        try:
+            with pytest.raises(CorruptRecordError):
+                list(reader.export("t", 0, 0, 4))
+        finally:
+            reader.close()
+    finally:
+        h.close()
+
+
+def test_lmdb_writer_after_a_reader_in_the_same_process_is_a_store_error(tmp_path):
+    data_dir = str(tmp_path / "data")
+    open_store("lmdb", data_dir).close()
+    reader = get_plugin_manager().store_reader("lmdb")(data_dir, {})
+    try:
+        with pytest.raises(StoreError, match="read-only"):
+            open_store("lmdb", data_dir)
+    finally:
+        reader.close()
+    open_store("lmdb", data_dir).close()  # and once the reader is closed, the writer opens
