@@ -85,7 +85,8 @@ class LmdbMessageStore:
             notes.append("unclean stop: LMDB commits are atomic, nothing to truncate or rebuild")
         self.flusher.start(self._next)
         self._opened = True
-        return RecoveryReport(clean=clean, records=self._next - self._min, notes=notes)
+        records = sum(hi - lo for lo, hi in self.index.ranges().values())
+        return RecoveryReport(clean=clean, records=records, notes=notes)
 
     def _sync(self) -> int:
         end = self._next

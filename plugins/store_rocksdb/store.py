@@ -91,7 +91,8 @@ class RocksMessageStore:
             notes.append("unclean stop: RocksDB replayed its WAL; nothing to truncate or rebuild")
         self.flusher.start(self._next)
         self._opened = True
-        return RecoveryReport(clean=clean, records=self._next - self._min, notes=notes)
+        records = sum(hi - lo for lo, hi in self.index.ranges().values())
+        return RecoveryReport(clean=clean, records=records, notes=notes)
 
     def _put_state(self, key: bytes, value: bytes) -> None:
         wb = rocksdict.WriteBatch(raw_mode=True)

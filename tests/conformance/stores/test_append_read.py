@@ -155,3 +155,13 @@ def test_index_serves_the_entries_the_store_wrote(harness):
         assert size == record.record_size(h.store.read_position(pos))
     assert h.index.queue_range(T, 0) == (0, 12)
     assert h.index.queues() == {T: [0]}
+
+
+def test_recovery_report_counts_records_not_bytes(harness):
+    h = harness.open()
+    append(h, T, 0, 30)
+    append(h, T, 1, 12)
+    h.close()
+    h = harness.open()
+    assert h.report.clean
+    assert h.report.records in (0, 42), "records is the number of records found (0 if not counted)"
