@@ -17,7 +17,10 @@ import time
 import pytest
 import zmq
 import zmq.asyncio
-from equeue_plugins.transport_tcp.framing import MIN_READ, SCRATCH_SIZE
+from equeue_plugins.transport_tcp.framing import MIN_READ, SCRATCH_SIZE, FrameReader
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from equeue_core import frame as wire
 from equeue_core.errors import FrameTooLargeError, ProtocolError
@@ -349,3 +352,73 @@ def test_tcp_flooding_client_is_held_in_its_socket_not_in_server_memory(loop: st
             await other.close()
             await server.close()
     run(loop, main, timeout=90)
+
+
+# ---------------------------------------------------------------- the TCP frame reader, no sockets
+
+_reader_frames = st.lists(
+    st.one_of(
+        st.builds(lambda i, n: ("ok", Frame(ECHO, request_id=i, header={"i": i}, body=bytes([i % 256]) * n)),
+                  st.integers(1, 2**32), st.sampled_from([0, 1, 100, 5000, 70_000, 300_000])),
+        st.builds(lambda i, n: ("big", head(n + 18, request_id=i) + b"\x00" * min(n, 400_000)),
+                  st.integers(1, 2**32), st.integers(600_000, 900_000)),
+        st.builds(lambda i: ("bad", head(18 + 2, header_len=2, request_id=i) + b"\x92\x01"),
+                  st.integers(1, 2**32)),
+    ),
+    min_size=1, max_size=12)
+
+
+@hsettings(max_examples=60, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
+@given(_reader_frames, st.lists(st.integers(1, 200_000), min_size=1, max_size=20))
+def test_frame_reader_cuts_any_chunking_of_a_stream_the_same_way(items: list, chunks: list[int]) -> None:
+    """Frames, oversized heads (announced length past a 512 KiB max, fewer bytes than announced
+    only when last) and undecodable frames, fed in arbitrary pieces: every good frame comes out
+    whole and in order, every bad one is reported with its request id, memory stays bounded."""
+    max_frame = 512 * 1024
+    stream = bytearray()
+    expected: list[tuple[str, int]] = []
+    for i, (kind, item) in enumerate(items):
+        if kind == "ok":
+            stream += wire.encode_bytes(item, max_frame * 2)
+            expected.append(("frame" if len(wire.encode_bytes(item, max_frame * 2)) <= max_frame
+                             else "oversized", item.request_id))
+        elif kind == "big":
+            announced = wire.HEAD.unpack_from(item)[0] + 4
+            if i != len(items) - 1:  # not last: send every byte it announced
+                item = item + b"\x00" * (announced - len(item))
+            stream += item
+            expected.append(("oversized", wire.HEAD.unpack_from(item)[6]))
+        else:
+            stream += item
+            expected.append(("bad", wire.HEAD.unpack_from(item)[6]))
+    got: list[tuple[str, int]] = []
+    bodies: dict[int, bytes] = {}
+    fatal: list[Exception] = []
+
+    def on_frame(f: Frame) -> None:
+        got.append(("frame", f.request_id))
+        bodies[f.request_id] = bytes(f.body)
+
+    reader = FrameReader(max_frame, on_frame, lambda h, e: got.append(("oversized", h[6])),
+                         lambda h, e: got.append(("bad", h[6])), fatal.append)
+    pos, k, peak = 0, 0, 0
+    while pos < len(stream):
+        piece = chunks[k % len(chunks)]
+        k += 1
+        end = min(len(stream), pos + piece)
+        while pos < end:
+            buf = reader.get_buffer(-1)
+            n = min(len(buf), end - pos)
+            buf[:n] = stream[pos:pos + n]
+            reader.feed(n)
+            pos += n
+            peak = max(peak, reader.buffered)
+    assert not fatal
+    if items[-1][0] == "big" and wire.HEAD.unpack_from(items[-1][1])[0] + 4 > len(items[-1][1]):
+        assert reader.partial  # the last oversized frame is still being skipped
+    assert got == expected
+    for kind, item in items:
+        if kind == "ok" and ("frame", item.request_id) in got:
+            assert bodies[item.request_id] == bytes(item.body)
+    # Bounded by the largest frame actually accepted (or skipped) plus slack, never 2x the max.
+    assert peak <= max_frame + 2 * 64 * 1024
