@@ -1,11 +1,15 @@
-"""Key and value layouts shared by the LMDB and RocksDB stores (docs/stores.md, "Key formats").
+"""Key and value layouts shared by the LMDB and RocksDB stores (docs/stores.md, "On disk").
+
+This file is identical in plugins/store_lmdb and plugins/store_rocksdb (as are chunks.py and
+queries.py): both stores lay out bytes the same way.
 
 Integers in keys are big-endian so byte order is numeric order (range scans and seeks work);
 integers in values are little-endian like every other integer in equeue (record.py). Topic names
 are `[A-Za-z0-9_.%-]`, so the 0x00 after a topic can never be part of it.
 
-    log      position u64 BE                                   -> record bytes (record.py)
-    index    topic, 0x00, queue_id u32 BE, queue_offset u64 BE -> record.INDEX_ENTRY (20 B)
+    log      position of a chunk's first record u64 BE          -> the chunk's records (chunks.py)
+    index    topic, 0x00, queue_id u32 BE, chunk's first queue offset u64 BE
+                                                                -> the chunk's record.INDEX_ENTRY entries
     queues   topic, 0x00, queue_id u32 BE                      -> min_offset u64 LE, next_offset u64 LE
     state    b"next_position" | b"min_position"                -> u64 LE; b"clean" -> 0x00 | 0x01
     offsets  u16 BE len, group, u16 BE len, topic, queue_id u32 BE -> next offset u64 LE
