@@ -145,40 +145,6 @@ def store_location(options: Mapping[str, str]) -> StoreLocation:
     return StoreLocation(store, path, reader_options)
 
 
-_TOLERANT: tuple[Any, list[str]] | None = None
-
-
-def plugin_manager() -> tuple[Any, list[str]]:
-    """The process's plugin manager, and the entry points that failed to load (normally none).
-
-    The kernel's manager loads every `equeue` entry point and fails as a whole if one plugin does
-    not import (say, a transport with a missing dependency). A Spark executor needs one store
-    reader, so when that happens it falls back to a manager that loads each entry point on its
-    own and skips (and reports) the broken ones.
-    """
-    global _TOLERANT
-    from equeue_core.plugins import PluginManager, get_plugin_manager
-
-    try:
-        return get_plugin_manager(), []
-    except Exception:  # noqa: BLE001 - one broken plugin must not hide the store we need
-        if _TOLERANT is None:
-            import importlib.metadata
-
-            from equeue_core.hookspecs import PROJECT
-
-            pm = PluginManager(load_entry_points=False)
-            broken: list[str] = []
-            for ep in importlib.metadata.entry_points(group=PROJECT):
-                try:
-                    pm.pm.load_setuptools_entrypoints(PROJECT, name=ep.name)
-                except Exception as e:  # noqa: BLE001
-                    broken.append(f"{ep.name}: {type(e).__name__}: {e}")
-            pm.pm.check_pending()
-            _TOLERANT = (pm, broken)
-        return _TOLERANT
-
-
 def open_store_reader(store: str, path: str, options: dict[str, str] | None = None) -> Any:
     """Open the named store's reader on path, or raise an error that names the store and why.
 
@@ -188,12 +154,13 @@ def open_store_reader(store: str, path: str, options: dict[str, str] | None = No
     """
     if not os.path.isdir(path):
         raise EQueueSparkError(f"data directory {path!r} does not exist")
-    pm, broken = plugin_manager()
+    from equeue_core.plugins import get_plugin_manager
+
     try:
-        factory = pm.store_reader(store)
+        # the kernel skips (and names, in this error) plugins that fail to import
+        factory = get_plugin_manager().store_reader(store)
     except PluginError as e:
-        note = f" (plugins that failed to load: {'; '.join(broken)})" if broken else ""
-        raise EQueueSparkError(f"cannot read store {store!r}: {e}{note}") from e
+        raise EQueueSparkError(f"cannot read store {store!r}: {e}") from e
     try:
         return factory(path, dict(options or {}))
     except EQueueError as e:

@@ -159,3 +159,31 @@ def test_auto_registration_module_points_at_the_source():
     import pyspark_equeue
 
     assert pyspark_equeue.DefaultSource is EQueueDataSource and EQueueDataSource.name() == "equeue"
+
+
+def test_a_plugin_that_fails_to_import_does_not_stop_reads(store_name, tmp_path):
+    """A real (broken) third-party plugin installed next to ours: reads still open the store, and
+    the broken plugin is reported, not silently ignored."""
+    import subprocess
+    import sys
+    import textwrap
+
+    data = str(tmp_path / "data")
+    os.makedirs(data)
+    fill(store_name, data, TOPIC, {0: (0, 5)})
+    site = tmp_path / "site"
+    dist = site / "broken_equeue_plugin-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-equeue-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[equeue]\nbroken = no_such_module_for_equeue_tests\n")
+    code = textwrap.dedent(f"""
+        from equeue_spark.common import open_store_reader
+        r = open_store_reader({store_name!r}, {data!r})
+        print(r.queue_range({TOPIC!r}, 0))
+        r.close()
+    """)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "(0, 5)" in out.stdout
+    assert "broken" in out.stderr and "no_such_module_for_equeue_tests" in out.stderr
