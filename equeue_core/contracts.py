@@ -107,12 +107,17 @@ class MessageStore(Protocol):
         ...
 
     def delete_before(self, position: int) -> int:
-        """Retention: drop stored data wholly below position; reads of it then raise
-        OffsetOutOfRangeError. Returns the number of bytes (or records) released."""
+        """Retention: drop stored data wholly below position (at the store's granularity: whole
+        chunks for the file store); reads of it then raise OffsetOutOfRangeError. Returns the
+        number of bytes released."""
         ...
 
     def flush(self) -> None: ...
-    def close(self) -> None: ...
+
+    def close(self) -> None:
+        """Flush, leave a clean-shutdown mark, release files. The store owns the queue index it
+        was given and closes it too (the broker closes only the store and the offset store)."""
+        ...
 
 
 @runtime_checkable

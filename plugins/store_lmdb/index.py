@@ -1,6 +1,6 @@
 """LmdbQueueIndex: (topic, queue, queue offset) -> INDEX_ENTRY in the `index` database.
 
-Entries are stored one value per chunk (chunks.py): key = queue + the chunk's first queue offset,
+Entries are stored one value per chunk (equeue_core/kv/chunks.py): key = queue + the chunk's first queue offset,
 value = its packed entries; an offset is found by a floor seek. The message store writes them in
 the same write transaction as the records they point to (`stage`), so log and index never disagree, even after a crash; `add` is the standalone path the
 contract offers (its own transaction). Queue ranges live in the `queues` database, updated in the
@@ -14,9 +14,10 @@ import threading
 import lmdb
 
 from equeue_core.contracts import StoreSettings
+from equeue_core.kv import keys
 from equeue_core.record import INDEX_ENTRY, INDEX_ENTRY_SIZE
 
-from . import environment, keys
+from . import environment
 from .snapshot import Snapshot, floor
 
 

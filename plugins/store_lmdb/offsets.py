@@ -11,8 +11,9 @@ from __future__ import annotations
 import threading
 
 from equeue_core.contracts import StoreSettings
+from equeue_core.kv import keys
 
-from . import environment, keys
+from . import environment
 
 
 class LmdbOffsetStore:

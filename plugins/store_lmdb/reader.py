@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from equeue_core.export import broker_address_of
+from equeue_core.kv import keys, queries
 
-from . import environment, keys, queries
+from . import environment
 from .snapshot import Snapshot
 
 

@@ -16,9 +16,9 @@ import lmdb
 
 from equeue_core.contracts import PullResult
 from equeue_core.errors import MessageNotFoundError
+from equeue_core.kv import keys, queries
 from equeue_core.record import HEADER_SIZE, INDEX_ENTRY, INDEX_ENTRY_SIZE, OFF_POSITION, verify
 
-from . import keys, queries
 from .environment import SharedEnv
 
 _U32 = struct.Struct("<I")

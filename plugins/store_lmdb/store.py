@@ -12,7 +12,7 @@ Guarantees:
   commits after the last env.sync may be lost, and on a file system that reorders writes the
   environment can be damaged; set store_options.lmdb.commit_sync = true to fsync inside every
   commit instead (slower, and the fsync then runs on the writer's thread).
-- Records are stored in chunks (chunks.py): one log value and one index value per chunk, so an
+- Records are stored in chunks (equeue_core/kv/chunks.py): one log value and one index value per chunk, so an
   append costs a few puts, not two per record. Position = the record's byte offset in this virtual
   log, never reused; end_position = one past the batch's last byte.
 """
@@ -29,9 +29,10 @@ import lmdb
 from equeue_core.contracts import AppendResult, PullResult, QueueIndex, RecoveryReport, StoreSettings
 from equeue_core.errors import CorruptRecordError, PluginError, StoreError
 from equeue_core.flush import Flusher
+from equeue_core.kv import chunks, keys, queries
 from equeue_core.record import INDEX_ENTRY_SIZE, index_entries, now_ms, stamp_batch
 
-from . import chunks, environment, keys, queries
+from . import environment
 from .index import LmdbQueueIndex
 from .snapshot import Snapshot
 

@@ -1,6 +1,6 @@
 """RocksQueueIndex: (topic, queue, queue offset) -> INDEX_ENTRY in the `index` column family.
 
-Entries are stored one value per chunk (chunks.py): key = queue + the chunk's first queue offset,
+Entries are stored one value per chunk (equeue_core/kv/chunks.py): key = queue + the chunk's first queue offset,
 value = its packed entries; an offset is found by a floor seek (SeekForPrev). The message store
 puts them into the same WriteBatch as the records they point to (`stage`),
 so log and index never disagree, even after a crash; `add` is the standalone path the contract
@@ -15,9 +15,10 @@ import threading
 import rocksdict
 
 from equeue_core.contracts import StoreSettings
+from equeue_core.kv import keys
 from equeue_core.record import INDEX_ENTRY, INDEX_ENTRY_SIZE
 
-from . import database, keys
+from . import database
 from .view import View
 
 

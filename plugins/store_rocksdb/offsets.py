@@ -13,8 +13,9 @@ import threading
 import rocksdict
 
 from equeue_core.contracts import StoreSettings
+from equeue_core.kv import keys
 
-from . import database, keys
+from . import database
 from .store import write_options
 
 

@@ -10,7 +10,7 @@ Guarantees:
   anyone waits in sync mode (group commit), and wait_flushed(end) resolves only after a WAL sync
   that started after end was written. store_options.rocksdb.commit_sync = true syncs every write
   instead (slower; the fsync then runs on the writer's thread).
-- Records are stored in chunks (chunks.py): one log value and one index value per chunk, so an
+- Records are stored in chunks (equeue_core/kv/chunks.py): one log value and one index value per chunk, so an
   append costs a few puts, not two per record. Position = the record's byte offset in this virtual
   log, never reused; end_position = one past the batch's last byte.
 - Retention is a range delete (cheap, whatever the count) followed by a compaction of the deleted
@@ -29,9 +29,10 @@ import rocksdict
 from equeue_core.contracts import AppendResult, PullResult, QueueIndex, RecoveryReport, StoreSettings
 from equeue_core.errors import CorruptRecordError, PluginError, StoreError
 from equeue_core.flush import Flusher
+from equeue_core.kv import chunks, keys, queries
 from equeue_core.record import INDEX_ENTRY_SIZE, index_entries, now_ms, stamp_batch
 
-from . import chunks, database, keys, queries
+from . import database
 from .index import RocksQueueIndex
 from .view import View
 

@@ -136,7 +136,7 @@ def test_rocksdb_unknown_reader_mode_is_a_config_error(tmp_path):
 
 def _flip_a_body_byte(name: str, store, position: int) -> None:
     """Damage the stored record at position behind the store's back (a disk error, a bad copy)."""
-    from equeue_plugins.store_lmdb import keys  # the key layout both engines share
+    from equeue_core.kv import keys  # the key layout both engines share
 
     key = keys.log_key(position)
     if name == "lmdb":
