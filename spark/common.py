@@ -88,10 +88,15 @@ def to_spark_batch(batch: Any) -> Any:
     microseconds and Spark refuses a batch whose schema differs, so the two timestamp columns are
     cast (a cheap vectorised multiply; every other column passes through untouched).
     """
+    import pyarrow as pa
+
     target = spark_arrow_schema()
     if batch.schema.equals(target):
         return batch
-    return batch.cast(target)
+    # column by column (RecordBatch.cast needs pyarrow >= 16; pyproject allows 15)
+    return pa.RecordBatch.from_arrays(
+        [col if col.type.equals(f.type) else col.cast(f.type) for col, f in zip(batch.columns, target, strict=True)],
+        schema=target)
 
 
 # ---------------------------------------------------------------- options
