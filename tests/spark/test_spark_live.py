@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from pyspark.sql import functions as F
 from spark_helpers import check_body, make_body
@@ -53,3 +54,33 @@ def test_read_while_a_producer_sends(spark, store_name, tmp_path):
         assert not errors, errors
         assert reads[0] >= 2000 and reads[-1] >= reads[0]
         assert sent[0] >= reads[-1]
+
+
+def test_stream_while_a_producer_sends_gets_every_message_once(spark, store_name, tmp_path):
+    total = 12_000
+    with start_broker(tmp_path, store=store_name) as broker:
+        with Producer(broker=broker.address) as p:  # the topic exists before the query starts
+            p.send_batch([Message("flow", make_body(9, i, "flow")) for i in range(200)])
+        out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+        q = (spark.readStream.format("equeue").option("path", str(broker.data_dir)).option("topic", "flow")
+             .option("maxMessagesPerTrigger", "3000").load()
+             .select("queue_id", "queue_offset", "body").writeStream.format("parquet")
+             .option("path", out).option("checkpointLocation", ck).trigger(processingTime="500 milliseconds")
+             .start())
+        try:
+            with Producer(broker=broker.address) as p:
+                for s in range(200, total, 400):
+                    p.send_batch([Message("flow", make_body(9, i, "flow")) for i in range(s, min(total, s + 400))])
+            deadline = time.monotonic() + 120
+            seen = 0
+            while time.monotonic() < deadline:
+                q.processAllAvailable()
+                seen = sum(p["numInputRows"] for p in q.recentProgress)
+                if seen >= total:
+                    break
+            assert q.exception() is None
+        finally:
+            q.stop()
+    rows = spark.read.parquet(out).collect()
+    assert len(rows) == total  # exactly once into the sink: no duplicates
+    assert sorted(bytes(r.body) for r in rows) == sorted(make_body(9, i, "flow") for i in range(total))
