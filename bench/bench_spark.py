@@ -1,14 +1,16 @@
 """Rows/second read into Spark from each installed store, with a Parquet copy of the same rows as the peer.
 
     .venv/bin/python -m bench.bench_spark [--messages 1000000] [--body 100] [--queues 4]
-        [--master local[2]] [--stores file,lmdb,rocksdb] [--dir /tmp/x]
+        [--master local[2]] [--stores file,lmdb,rocksdb] [--write 200000] [--dir /tmp/x]
 
 For every store: N messages of `--body` bytes are appended over `--queues` queues through the store
 plugin's own MessageStore (real files on disk), then a local SparkSession runs, timed after one
 warm-up action: `count()` and a filter on the body (`count` of rows whose body contains a byte
 string, so every body is read). `export_only` times the store reader's export() alone in this
 process (the ceiling the Spark source can reach). The peer is the same rows in one Parquet file read
-by the same session: same machine, same run. One JSON line per result.
+by the same session: same machine, same run. `--write N` also times df.write.format("equeue") of N
+rows into a real broker process (file store) next to one plain Producer (send_batch) sending the
+same rows. One JSON line per result.
 """
 
 from __future__ import annotations
@@ -74,6 +76,58 @@ def export_only(store: str, data_dir: str, topic: str) -> tuple[int, float]:
         r.close()
 
 
+def write_bench(spark: Any, work: str, n: int, body_size: int, common: dict[str, Any]) -> None:
+    """Rows/s of df.write.format("equeue") into a real broker process, next to one plain Producer
+    sending the same rows with send_batch from this process (the peer)."""
+    import socket
+    import subprocess
+
+    from pyspark.sql import functions as F
+
+    from equeue_core.client import Message, Producer
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    data = os.path.join(work, "broker")
+    os.makedirs(data, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "equeue_core.cli.main", "broker", "--data-dir", data,
+                             "--host", "127.0.0.1", "--port", str(port), "--store", "file"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line or b"listening on" in line:
+                break
+        address = f"127.0.0.1:{port}"
+        df = spark.range(n).select(F.concat(F.lit("w"), F.lpad(F.col("id").cast("string"), body_size - 1, "x"))
+                                   .cast("binary").alias("body")).cache()
+        df.count()
+        df.limit(10).write.format("equeue").option("broker", address).option("topic", "warm").mode("append").save()
+        _, secs = timed(lambda: df.write.format("equeue").option("broker", address).option("topic", "w")
+                        .mode("append").save())
+        _emit(**common, store="file", op="spark_write", seconds=round(secs, 3), rows_per_s=round(n / secs))
+        bodies = [b"w" + str(i).rjust(body_size - 1, "x").encode() for i in range(n)]
+
+        def plain() -> None:
+            with Producer(broker=address) as p:
+                for s in range(0, n, 512):
+                    p.send_batch([Message("p", b) for b in bodies[s:s + 512]])
+
+        _, secs = timed(plain)
+        _emit(**common, store="file", op="producer_send_batch_peer", seconds=round(secs, 3), rows_per_s=round(n / secs))
+        df.unpersist()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def timed(fn) -> tuple[Any, float]:
     t = time.perf_counter()
     out = fn()
@@ -87,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queues", type=int, default=4)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--stores", default=None, help="comma-separated (default: every installed store)")
+    ap.add_argument("--write", type=int, default=0, help="also time writing this many rows to a broker")
     ap.add_argument("--dir", default=None, help="work directory (default: a temp dir, removed after)")
     args = ap.parse_args(argv)
 
@@ -139,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             hits, secs = timed(lambda: pdf.where(F.instr(F.col("body").cast("string"), ":7:") > 0).count())
             _emit(**common, store="parquet_peer", op="filter_body", hits=hits, seconds=round(secs, 3),
                   rows_per_s=round(n / secs))
+        if args.write:
+            write_bench(spark, work, args.write, args.body, {**common, "bench": "spark_write", "messages": args.write})
     finally:
         spark.stop()
         if not args.dir:
