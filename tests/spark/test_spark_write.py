@@ -5,9 +5,11 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from pyspark.sql import functions as F
 
 from equeue_core.client import Consumer
+from equeue_core.plugins import get_plugin_manager
 from tests.helpers.broker import start_broker
 
 N = 10_000
@@ -36,8 +38,9 @@ def _consume_all(address: str, topic: str, expected: int, timeout: float = 120.0
     return got
 
 
-def test_batch_write_reaches_a_consumer(spark, tmp_path):
-    with start_broker(tmp_path) as broker:
+@pytest.mark.parametrize("transport", get_plugin_manager().names("equeue_transports"))
+def test_batch_write_reaches_a_consumer(spark, tmp_path, transport):
+    with start_broker(tmp_path, transport=transport) as broker:
         df = (spark.range(N).repartition(2)
               .select(F.format_string("row-%06d", "id").cast("binary").alias("body"),
                       F.when(F.col("id") % 2 == 0, F.lit("even")).otherwise(F.lit("odd")).alias("tag"),
