@@ -24,7 +24,6 @@ from collections.abc import Callable
 import zmq
 from equeue_plugins.transport_zmq.parts import (
     FrameBatcher,
-    message_parts,
     parse_message,
     set_common_options,
 )
@@ -115,23 +114,27 @@ class ZmqClientConnection:
         frame.request_id = request_id
         frame.flags &= ~(wire.FLAG_ONEWAY | wire.FLAG_RESPONSE | wire.FLAG_PUSH)
         buffers = wire.encode(frame, self.settings.max_frame_size)  # FrameTooLargeError: not sent
-        pump, batcher = self._pump, self._batcher
-        if self._closed or pump is None or batcher is None:
+        batcher = self._batcher
+        if self._closed or batcher is None:
             raise ClientClosedError(f"connection to {self.address} is closed")
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._pending[request_id] = fut
         timer = loop.call_later(timeout, _expire, fut, request_id, timeout)
         try:
-            if self._connected.is_set():
-                batcher.write(None, buffers)  # leaves with this iteration's other requests
-            else:
-                # Disconnected (IMMEDIATE): on its own, so it can be withdrawn if it times out
-                # before the reconnect.
-                queued = pump.send(*message_parts(buffers))
-                if queued is not None:
-                    queued.add_done_callback(lambda q: _send_failed(q, fut, self.address))
-                    fut.add_done_callback(lambda _: queued.cancel())
+            if not self._connected.is_set():
+                # Wait for ZeroMQ's own reconnect (within this request's timeout). Sending before
+                # the new handshake could put the frame on the old, dying pipe, where it would be
+                # lost without a trace: the socket learns of the old pipe's end after the monitor.
+                waiter = asyncio.ensure_future(self._connected.wait())
+                await asyncio.wait((waiter, fut), return_when=asyncio.FIRST_COMPLETED)
+                if not waiter.done():
+                    waiter.cancel()
+                    return await fut  # timed out or the connection was closed meanwhile
+                if self._batcher is None:
+                    raise ClientClosedError(f"connection to {self.address} is closed")
+                batcher = self._batcher
+            batcher.write(None, buffers)  # leaves with this iteration's other frames
             return await fut
         finally:
             timer.cancel()
@@ -143,20 +146,19 @@ class ZmqClientConnection:
         frame.request_id = next(self._ids)
         frame.flags = (frame.flags | wire.FLAG_ONEWAY) & ~(wire.FLAG_RESPONSE | wire.FLAG_PUSH)
         buffers = wire.encode(frame, self.settings.max_frame_size)
-        pump, batcher = self._pump, self._batcher
-        if self._closed or pump is None or batcher is None:
+        batcher = self._batcher
+        if self._closed or batcher is None:
             raise ClientClosedError(f"connection to {self.address} is closed")
-        if self._connected.is_set():
-            batcher.write(None, buffers)
-            return
-        queued = pump.send(*message_parts(buffers))
-        if queued is not None:
+        if not self._connected.is_set():  # wait for the reconnect (see request)
             try:
-                await asyncio.wait_for(queued, self.settings.connect_timeout)
+                async with asyncio.timeout(self.settings.connect_timeout):
+                    await self._connected.wait()
             except TimeoutError:
                 raise ConnectionLostError(f"not connected to {self.address}") from None
-            except zmq.ZMQError as e:
-                raise ConnectionLostError(f"send to {self.address} failed: {e}") from None
+            if self._batcher is None:
+                raise ClientClosedError(f"connection to {self.address} is closed")
+            batcher = self._batcher
+        batcher.write(None, buffers)
 
     # ------------------------------------------------------------ receiving
 
@@ -263,14 +265,6 @@ class ZmqClientConnection:
 def _consume(fut: asyncio.Future) -> None:
     if not fut.cancelled():
         fut.exception()
-
-
-def _send_failed(queued: asyncio.Future, fut: asyncio.Future, address: str) -> None:
-    if queued.cancelled() or fut.done():
-        return
-    exc = queued.exception()
-    if exc is not None:
-        fut.set_exception(ConnectionLostError(f"send to {address} failed: {exc}"))
 
 
 def _expire(fut: asyncio.Future, request_id: int, timeout: float) -> None:
