@@ -34,9 +34,11 @@ RETRY = 0.01  # seconds between retries of a queued send (safety net for a misse
 class SocketPump:
     """Reads and writes one ZeroMQ socket on the running loop (see the module docstring)."""
 
-    def __init__(self, sock: zmq.Socket, on_message: Callable[[list[zmq.Frame]], None]) -> None:
+    def __init__(self, sock: zmq.Socket, on_message: Callable[[list[zmq.Frame]], None],
+                 before_batch: Callable[[], None] | None = None) -> None:
         self.sock = sock
         self.on_message = on_message
+        self.before_batch = before_batch
         self.loop = asyncio.get_running_loop()
         self._fd = sock.getsockopt(zmq.FD)
         self._outbox: deque[tuple[list, bool, asyncio.Future]] = deque()
@@ -105,10 +107,16 @@ class SocketPump:
         self._retry = None
         self._on_events()
 
+    def poll(self) -> None:
+        """Handle whatever the socket has now, synchronously (e.g. monitor events before data)."""
+        self._on_events()
+
     def _on_events(self) -> None:
         self._scheduled = False
         if self._closed:
             return
+        if self.before_batch is not None:
+            self.before_batch()
         sock = self.sock
         if self._outbox:
             self._flush()

@@ -104,7 +104,7 @@ class ZmqServer:
             sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(self.settings.frame_read_timeout * 1000)))
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # full or unknown peer: an error, not a silent drop
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting peer takes over its identity
-            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
             sock.bind(f"tcp://{host}:{port if port else '*'}")
         except BaseException:
             self._close_sockets(sock)
@@ -113,10 +113,13 @@ class ZmqServer:
         endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         bound_host, _, bound_port = endpoint.rpartition("//")[2].rpartition(":")
         self.address = (bound_host.strip("[]"), int(bound_port))
-        self._pump = SocketPump(sock, self._on_message_safe)
-        self._batcher = FrameBatcher(self._send_message)
         assert self._monitor is not None
         self._monitor_pump = SocketPump(self._monitor, self._on_monitor_event)
+        # Monitor events first: ZeroMQ queues a connection's ACCEPTED (and the DISCONNECTED of the
+        # connection that held its fd before) ahead of any message from it, so reading them
+        # before each batch of messages keeps the fd -> peer map exact.
+        self._pump = SocketPump(sock, self._on_message_safe, before_batch=self._monitor_pump.poll)
+        self._batcher = FrameBatcher(self._send_message)
 
     # ------------------------------------------------------------ receiving
 
@@ -177,7 +180,9 @@ class ZmqServer:
 
     def _on_monitor_event(self, msg: list[zmq.Frame]) -> None:
         event = parse_monitor_message([p.bytes for p in msg])
-        if event["event"] == zmq.EVENT_DISCONNECTED:
+        if event["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_ACCEPTED):
+            # DISCONNECTED: that peer is gone. ACCEPTED on an fd we still map: its previous owner
+            # closed without a DISCONNECTED (the fd could not be reused otherwise).
             conn = self._by_fd.get(int(event["value"]))
             if conn is not None:
                 self._lost(conn)

@@ -93,3 +93,37 @@ def test_frozen_client_is_reported_lost_after_the_heartbeat_timeout(loop: str) -
                 await asyncio.to_thread(_stop, proc)
             await server.close()
     run(loop, main)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_peer_that_reconnects_is_one_lost_and_one_new_connection(loop: str) -> None:
+    """ZeroMQ drops a peer that sends a part over MAXMSGSIZE; the DEALER reconnects with the same
+    identity, very likely on the same file descriptor number. The server must report the old
+    connection lost exactly once and keep serving the new one (no late, spurious loss)."""
+    async def main() -> None:
+        transport = ZmqTransport(heartbeat_interval=0.2, heartbeat_timeout=1.0)
+        handler = ScriptedHandler()
+        limit = 1024 * 1024
+        server = await transport.serve("127.0.0.1", 0, handler, TransportSettings(max_frame_size=limit))
+        client = await transport.connect("127.0.0.1", server.address[1], TransportSettings())
+        try:
+            for round_ in range(3):
+                assert (await client.request(Frame(ECHO, header={"r": round_}), 5)).header == {"r": round_}
+                with pytest.raises(ConnectionLostError):
+                    await client.request(Frame(ECHO, body=b"x" * (2 * limit)), 5)
+                await wait_until(lambda r=round_: len(handler.lost) == r + 1, what="the drop reported")
+                reply = await client.request(Frame(ECHO, header={"after": round_}), 5)
+                assert reply.header == {"after": round_}
+                held = asyncio.ensure_future(client.request(Frame(HOLD), 5))
+                await wait_until(lambda: handler.holding == 1, what="a held request")
+                await asyncio.sleep(0.3)  # a late disconnect event for the old connection would land here
+                assert len(handler.lost) == round_ + 1
+                assert len(server.connections) == 1
+                handler.release.set()
+                assert (await held).header == {"released": True}
+                handler.release.clear()
+        finally:
+            handler.release.set()
+            await client.close()
+            await server.close()
+    run(loop, main)
