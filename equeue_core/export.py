@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from equeue_core import msgid
-from equeue_core.record import HEADER, HEADER_SIZE, KEY_SEPARATOR, _props_decoder
+from equeue_core.record import HEADER_SIZE, KEY_SEPARATOR, _props_decoder
 
 COLUMNS = ("topic", "queue_id", "queue_offset", "msg_id", "tag", "keys", "properties",
            "body", "born_ts", "store_ts")
@@ -34,48 +35,104 @@ def arrow_schema() -> Any:
     ])
 
 
+_HEADER_DTYPE = None
+_HEX = b"0123456789ABCDEF"
+_SIZE = struct.Struct("<I")
+
+
+def _header_dtype() -> Any:
+    """A numpy structured dtype laid out exactly like record.HEADER (76 packed bytes)."""
+    global _HEADER_DTYPE
+    if _HEADER_DTYPE is None:
+        import numpy as np
+
+        _HEADER_DTYPE = np.dtype([
+            ("size", "<u4"), ("magic", "u1"), ("version", "u1"), ("flags", "<u2"), ("crc", "<u4"),
+            ("position", "<u8"), ("queue_offset", "<u8"), ("queue_id", "<u4"), ("reconsume", "<u4"),
+            ("born_ts", "<i8"), ("store_ts", "<i8"), ("tag_hash", "<u8"), ("topic_len", "<u2"),
+            ("tag_len", "<u2"), ("keys_len", "<u4"), ("props_len", "<u4"), ("body_len", "<u4")])
+        assert _HEADER_DTYPE.itemsize == HEADER_SIZE
+    return _HEADER_DTYPE
+
+
 def records_to_arrow(buffers: Iterable[tuple[bytes | memoryview, int]], broker_address: tuple[str, int]) -> Any:
-    """One RecordBatch from (buffer, record start) pairs; records must already be verified."""
+    """One RecordBatch from (buffer, record start) pairs; records must already be verified.
+
+    Python touches each record a few times (one slice to gather it, one slice per variable
+    field); the fixed fields, offsets, validity and msg ids are computed with numpy over the whole
+    batch instead of a Python object per field per row.
+    """
+    import numpy as np
     import pyarrow as pa
 
-    host, port = broker_address
-    prefix = msgid.encode_prefix(host, port)
-    topic: list = []
-    qid: list = []
-    qoff: list = []
-    mid: list = []
-    tags: list = []
-    keys: list = []
-    props: list = []
-    body: list = []
-    born: list = []
-    stored: list = []
-    unpack = HEADER.unpack_from
+    unpack_size = _SIZE.unpack_from
+    parts: list = []
+    append = parts.append
+    last_buf: Any = None
+    mv: Any = None
     for buf, s in buffers:
-        (_size, _m, _v, _f, _crc, position, o, q, _rc, b_ts, s_ts, _th,
-         tlen, taglen, klen, plen, blen) = unpack(buf, s)
-        mv = memoryview(buf)
-        p = s + HEADER_SIZE
-        topic.append(str(mv[p:p + tlen], "utf-8"))
-        p += tlen
-        tags.append(str(mv[p:p + taglen], "utf-8") if taglen else None)
-        p += taglen
-        keys.append(str(mv[p:p + klen], "utf-8").split(KEY_SEPARATOR) if klen else [])
-        p += klen
-        props.append(list(_props_decoder.decode(mv[p:p + plen]).items()) if plen else [])
-        p += plen
-        body.append(bytes(mv[p:p + blen]))
-        qid.append(q)
-        qoff.append(o)
-        mid.append(f"{prefix}{position:016X}")
-        born.append(b_ts)
-        stored.append(s_ts)
+        if buf is not last_buf:
+            last_buf, mv = buf, memoryview(buf)
+        append(mv[s:s + unpack_size(mv, s)[0]])
+    n = len(parts)
+    if n == 0:
+        return pa.RecordBatch.from_pylist([], schema=arrow_schema())
+    data = b"".join(parts)
+    raw = np.frombuffer(data, dtype=np.uint8)
+    sizes = np.fromiter(map(len, parts), dtype=np.int64, count=n)
+    starts = np.zeros(n, dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    head = raw[starts[:, None] + np.arange(HEADER_SIZE)].view(_header_dtype()).reshape(n)
+
+    topic_at = starts + HEADER_SIZE
+    tag_at = topic_at + head["topic_len"]
+    keys_at = tag_at + head["tag_len"]
+    props_at = keys_at + head["keys_len"]
+    body_at = props_at + head["props_len"]
+
+    def var_array(at: Any, lengths: Any, kind: str, validity: Any = None) -> Any:
+        lengths = lengths.astype(np.int64)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        ends = at + lengths
+        values = b"".join(map(data.__getitem__, map(slice, at.tolist(), ends.tolist())))
+        large = offsets[-1] >= 2**31
+        typ = {("str", False): pa.string(), ("str", True): pa.large_string(),
+               ("bin", False): pa.binary(), ("bin", True): pa.large_binary()}[(kind, bool(large))]
+        arr = pa.Array.from_buffers(typ, n, [validity, pa.py_buffer(offsets if large else offsets.astype(np.int32)),
+                                             pa.py_buffer(values)])
+        return arr.cast(pa.string() if kind == "str" else pa.binary()) if large else arr
+
+    topic = var_array(topic_at, head["topic_len"], "str")
+    has_tag = head["tag_len"] > 0
+    tags = var_array(tag_at, head["tag_len"], "str",
+                     None if has_tag.all() else pa.py_buffer(np.packbits(has_tag, bitorder="little")))
+    body = var_array(body_at, head["body_len"], "bin")
+
+    key_lists: list = [[]] * n
+    for i in np.flatnonzero(head["keys_len"]).tolist():
+        a = int(keys_at[i])
+        key_lists[i] = data[a:a + int(head["keys_len"][i])].decode().split(KEY_SEPARATOR)
+    prop_lists: list = [[]] * n
+    for i in np.flatnonzero(head["props_len"]).tolist():
+        a = int(props_at[i])
+        prop_lists[i] = list(_props_decoder.decode(data[a:a + int(head["props_len"][i])]).items())
+
+    host, port = broker_address
+    pos_bytes = head["position"].astype(">u8").view(np.uint8).reshape(n, 8)
+    hexdigits = np.frombuffer(_HEX, dtype=np.uint8)
+    ids = np.empty((n, 28), dtype=np.uint8)
+    ids[:, :12] = np.frombuffer(msgid.encode_prefix(host, port).encode(), dtype=np.uint8)
+    ids[:, 12::2] = hexdigits[pos_bytes >> 4]
+    ids[:, 13::2] = hexdigits[pos_bytes & 0x0F]
+    id_offsets = np.arange(0, 28 * (n + 1), 28, dtype=np.int32)
+    msg_ids = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(id_offsets), pa.py_buffer(ids.tobytes())])
     return pa.RecordBatch.from_arrays(
-        [pa.array(topic, pa.string()), pa.array(qid, pa.int32()), pa.array(qoff, pa.int64()),
-         pa.array(mid, pa.string()), pa.array(tags, pa.string()),
-         pa.array(keys, pa.list_(pa.string())), pa.array(props, pa.map_(pa.string(), pa.string())),
-         pa.array(body, pa.binary()), pa.array(born, pa.timestamp("ms", tz="UTC")),
-         pa.array(stored, pa.timestamp("ms", tz="UTC"))],
+        [topic, pa.array(head["queue_id"].astype(np.int32)), pa.array(head["queue_offset"].astype(np.int64)),
+         msg_ids, tags, pa.array(key_lists, pa.list_(pa.string())),
+         pa.array(prop_lists, pa.map_(pa.string(), pa.string())), body,
+         pa.array(head["born_ts"], pa.timestamp("ms", tz="UTC")),
+         pa.array(head["store_ts"], pa.timestamp("ms", tz="UTC"))],
         schema=arrow_schema())
 
 
