@@ -101,7 +101,10 @@ def encode_bytes(frame: Frame, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
 
 def frame_length(prefix: bytes | bytearray | memoryview, max_frame: int = DEFAULT_MAX_FRAME) -> int:
     """Bytes that follow the 4-byte length prefix; raises on a length no frame can have."""
-    (length,) = LENGTH.unpack_from(prefix, 0)
+    try:
+        (length,) = LENGTH.unpack_from(prefix, 0)
+    except (struct.error, TypeError):
+        raise ProtocolError("a frame length prefix is 4 bytes") from None
     if length + LENGTH_SIZE > max_frame:
         raise FrameTooLargeError(
             f"frame of {length + LENGTH_SIZE} bytes is over the maximum of {max_frame}",
@@ -113,7 +116,10 @@ def frame_length(prefix: bytes | bytearray | memoryview, max_frame: int = DEFAUL
 
 def decode(buf: bytes | bytearray | memoryview) -> Frame:
     """Parse one whole frame (length prefix included). Raises ProtocolError on anything malformed."""
-    mv = memoryview(buf)
+    try:
+        mv = memoryview(buf).cast("B")
+    except TypeError:
+        raise ProtocolError(f"a frame is bytes, not {type(buf).__name__}") from None
     if len(mv) < HEAD_SIZE:
         raise ProtocolError(f"frame of {len(mv)} bytes is shorter than the {HEAD_SIZE}-byte head")
     length, magic, version, code, flags, _r, request_id, header_len = HEAD.unpack_from(mv, 0)
@@ -127,7 +133,8 @@ def decode(buf: bytes | bytearray | memoryview) -> Frame:
     if header_len:
         try:
             header = _decoder.decode(mv[HEAD_SIZE:HEAD_SIZE + header_len])
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise ProtocolError(f"frame header does not decode: {e}") from None
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as e:
+            # Hostile headers: too deeply nested, keys that are not UTF-8, wrong types.
+            raise ProtocolError(f"frame header does not decode: {type(e).__name__}: {e}") from None
     body = mv[HEAD_SIZE + header_len:]
     return Frame(code, request_id, flags, header, body)

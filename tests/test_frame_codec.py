@@ -5,10 +5,9 @@ transport hands `frame_length` the 4-byte prefix and `decode` one whole frame; a
 raises ProtocolError (FrameTooLargeError for a length over the maximum), never another exception
 and never a hang.
 
-Two hostile headers still escape the kernel's decode as other exceptions (KERNEL_GAPS); the tests
-that pin them are strict xfails, so they turn red once the kernel is fixed and this allowance must
-go. The transports map them to ProtocolError themselves, which the transport half of this file
-checks with no allowance at all.
+Hostile headers that once escaped the kernel's decode as other exceptions (deep nesting,
+non-UTF-8 keys, a short length prefix) are pinned by tests of their own below. The transports map
+decode failures to ProtocolError as well, which the transport half of this file checks.
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ from hypothesis import strategies as st
 from equeue_core import frame as wire
 from equeue_core.errors import FrameTooLargeError, ProtocolError
 
-# What the kernel's decode can raise today besides ProtocolError (see the strict xfails below).
-KERNEL_GAPS = (RecursionError, UnicodeDecodeError)
+# What the kernel's decode may raise besides ProtocolError: nothing.
+KERNEL_GAPS: tuple[type[BaseException], ...] = ()
 
 SETTINGS = settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 
@@ -130,8 +129,6 @@ def test_frame_length_on_any_prefix_is_a_length_or_protocol_error(prefix: bytes)
     assert wire.HEAD_SIZE - 4 <= n <= wire.DEFAULT_MAX_FRAME - 4
 
 
-@pytest.mark.xfail(strict=True, raises=struct.error,
-                   reason="kernel gap: frame_length on fewer than 4 bytes raises struct.error")
 def test_frame_length_on_a_short_prefix_is_a_protocol_error() -> None:
     with pytest.raises(ProtocolError):
         wire.frame_length(b"\x01\x02")
@@ -243,15 +240,11 @@ NESTED = b"\x81\xa1a" + b"\x91" * 200_000 + b"\xc0"
 BAD_UTF8_KEY = b"\x81\xa2\xff\xfe\xc0"
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError,
-                   reason="kernel gap: a deeply nested header escapes decode as RecursionError")
 def test_decode_deeply_nested_header_is_protocol_error() -> None:
     with pytest.raises(ProtocolError):
         wire.decode(raw_frame(header=NESTED))
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeDecodeError,
-                   reason="kernel gap: a header key that is not UTF-8 escapes decode as UnicodeDecodeError")
 def test_decode_header_key_not_utf8_is_protocol_error() -> None:
     with pytest.raises(ProtocolError):
         wire.decode(raw_frame(header=BAD_UTF8_KEY))
@@ -271,3 +264,11 @@ def test_decode_is_quick_on_a_max_size_frame() -> None:
     data += body
     frame = wire.decode(data)
     assert isinstance(frame.body, memoryview) and frame.body.obj is data
+
+
+@pytest.mark.parametrize("junk", [None, 42, "a string", 3.5])
+def test_non_buffer_input_is_a_protocol_error(junk) -> None:
+    with pytest.raises(ProtocolError):
+        wire.decode(junk)
+    with pytest.raises(ProtocolError):
+        wire.frame_length(junk)
