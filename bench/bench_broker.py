@@ -1,8 +1,10 @@
 """Broker benchmarks: produce, consume and end-to-end latency, with peers in the same run.
 
 Every measurement runs a real broker process and a real client process on 127.0.0.1 and prints
-one JSON line. Ratios against a peer (Redis Streams, when redis-server and redis-py are
-installed) come from the same run on the same machine.
+one JSON line. Ratios against peers (Redis Streams with AOF everysec and 1000-command pipelines;
+NATS JetStream with file storage; each when its server and Python client are installed:
+`apt-get install redis-server nats-server`, `pip install redis nats-py`) come from the same run
+on the same machine.
 
     .venv/bin/python -m bench.bench_broker                    # everything, default sizes
     .venv/bin/python -m bench.bench_broker --only produce --count 200000
@@ -191,6 +193,63 @@ def run_redis(count: int, size: int) -> dict | None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def nats_available() -> bool:
+    try:
+        import nats  # noqa: F401
+    except ImportError:
+        return False
+    return shutil.which("nats-server") is not None
+
+
+def role_nats(port: int, count: int, size: int) -> dict:
+    """NATS JetStream, file storage: publishes awaited in windows of 1000 (acks), pull-consumed in
+    fetches of 1000 with no per-message ack (the fairest match to our offset commits)."""
+    import asyncio
+
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig, StorageType
+
+    async def go() -> dict:
+        nc = await nats.connect(f"nats://127.0.0.1:{port}")
+        js = nc.jetstream()
+        await js.add_stream(name="BENCH", subjects=["bench"], storage=StorageType.FILE)
+        body = os.urandom(size)
+        start = time.perf_counter()
+        for _ in range(count // 1000):
+            await asyncio.gather(*(js.publish("bench", body) for _ in range(1000)))
+        produce = time.perf_counter() - start
+        sub = await js.pull_subscribe("bench", "drain", config=ConsumerConfig(ack_policy=AckPolicy.NONE))
+        start = time.perf_counter()
+        got = 0
+        while got < count:
+            msgs = await sub.fetch(1000, timeout=10)
+            got += len(msgs)
+        consume = time.perf_counter() - start
+        await nc.close()
+        return {"produce_msgs_per_s": count / produce, "consume_msgs_per_s": got / consume}
+
+    return asyncio.run(go())
+
+
+def run_nats(count: int, size: int) -> dict | None:
+    if not nats_available():
+        emit({"bench": "peer", "peer": "nats-jetstream", "skipped": "nats-server or nats-py not installed"})
+        return None
+    port = free_port()
+    d = tempfile.mkdtemp(prefix="nats-bench-")
+    proc = subprocess.Popen(["nats-server", "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", d],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.8)
+        res = _child(["nats", str(port), str(count), str(size)])
+        emit({"bench": "peer", "peer": "nats-jetstream", "size": size, **res})
+        return res
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(d, ignore_errors=True)
+
+
 # ---------------------------------------------------------------- orchestration
 
 def run(args: argparse.Namespace) -> None:
@@ -227,13 +286,14 @@ def run(args: argparse.Namespace) -> None:
             finally:
                 b.stop()
     if "peers" in only:
-        peer = run_redis(args.count, 100)
-        if peer:
-            ours_p = results.get("produce-async-100-batch")
-            ours_c = results.get("consume-concurrent-1")
-            emit({"bench": "ratio", "peer": "redis-streams",
-                  "produce_ratio": ours_p / peer["produce_msgs_per_s"] if ours_p else None,
-                  "consume_ratio": ours_c / peer["consume_msgs_per_s"] if ours_c else None})
+        ours_p = results.get("produce-async-100-batch")
+        ours_c = results.get("consume-concurrent-1")
+        for name, runner in (("redis-streams", run_redis), ("nats-jetstream", run_nats)):
+            peer = runner(args.count, 100)
+            if peer:
+                emit({"bench": "ratio", "peer": name,
+                      "produce_ratio": ours_p / peer["produce_msgs_per_s"] if ours_p else None,
+                      "consume_ratio": ours_c / peer["consume_msgs_per_s"] if ours_c else None})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -248,6 +308,8 @@ def main(argv: list[str] | None = None) -> None:
             out = role_latency(rest[0], rest[1], int(rest[2]), float(rest[3]))
         elif role == "redis":
             out = role_redis(int(rest[0]), int(rest[1]), int(rest[2]))
+        elif role == "nats":
+            out = role_nats(int(rest[0]), int(rest[1]), int(rest[2]))
         else:
             raise SystemExit(f"unknown role {role}")
         print(json.dumps(out))
