@@ -246,6 +246,7 @@ class AsyncConsumer:
     async def _drop_queue(self, key: QueueKey) -> None:
         pq = self.queues.pop(key)
         pq.dropped = True
+        pq.wake()
         tasks = self._tasks.pop(key, [])
         for t in tasks[:1]:  # the pull loop stops now; an orderly handler finishes its message
             t.cancel()
@@ -267,7 +268,9 @@ class AsyncConsumer:
             "queues": [[t, q] for t, q in self.queues]})).header
         locked = {(t, q) for t, q in h["locked"]}
         for key, pq in self.queues.items():
-            pq.locked = key in locked
+            was, pq.locked = pq.locked, key in locked
+            if pq.locked and not was:
+                pq.wake()
 
     # ---------------------------------------------------------------- pulling
 
@@ -281,7 +284,7 @@ class AsyncConsumer:
         backoff = 0.0
         while self._running and not pq.dropped:
             if pq.is_full(*self.flow) or (self.orderly and not pq.locked):
-                await asyncio.sleep(0.05)
+                await pq.wait_change(0.5)
                 continue
             header["offset"] = pq.next_offset
             try:
@@ -313,6 +316,7 @@ class AsyncConsumer:
                     pq.add(msgs)
                     if self.orderly:
                         pq.pending.extend(msgs)
+                        pq.wake()
                     else:
                         self._dispatch(pq, msgs)
             else:
@@ -448,7 +452,7 @@ class AsyncConsumer:
         locally up to max_reconsume_times, then the message goes to the DLQ and the queue moves on."""
         while self._running and not pq.dropped:
             if not pq.pending or not pq.locked:
-                await asyncio.sleep(0.01 if pq.pending else 0.02)
+                await pq.wait_change(0.5)
                 continue
             m = pq.pending[0]
             failures = 0

@@ -8,6 +8,7 @@ first key is always the smallest in-flight offset.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 
 from equeue_core.client.message import ReceivedMessage
@@ -26,6 +27,20 @@ class ProcessQueue:
         self.dropped = False
         self.locked = False
         self.last_committed: int | None = None
+        # Set whenever something changes that a waiting loop may care about (messages handled,
+        # messages arrived, lock gained, queue dropped): loops wait on it instead of polling.
+        self.changed = asyncio.Event()
+
+    def wake(self) -> None:
+        self.changed.set()
+
+    async def wait_change(self, timeout: float) -> None:
+        """Wait until wake() or timeout; the timeout is only a safety net."""
+        self.changed.clear()
+        try:
+            await asyncio.wait_for(self.changed.wait(), timeout)
+        except TimeoutError:
+            pass
 
     def add(self, messages: list[ReceivedMessage]) -> None:
         for m in messages:
@@ -35,6 +50,7 @@ class ProcessQueue:
     def done(self, message: ReceivedMessage) -> None:
         if self.in_flight.pop(message.queue_offset, None) is not None:
             self.bytes -= len(message.body)
+        self.changed.set()
 
     def done_many(self, messages: list[ReceivedMessage]) -> None:
         pop = self.in_flight.pop
@@ -43,6 +59,7 @@ class ProcessQueue:
             if pop(m.queue_offset, None) is not None:
                 freed += len(m.body)
         self.bytes -= freed
+        self.changed.set()
 
     def committable(self) -> int:
         for offset in self.in_flight:
