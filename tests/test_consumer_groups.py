@@ -385,3 +385,31 @@ def test_a_new_group_can_start_from_a_timestamp(fast_broker):
     finally:
         c.close()
     assert [b for *_, b in col.items] == [b"new"] * 20
+
+
+def test_orderly_failure_suspends_the_queue_retries_then_dead_letters(fast_broker):
+    with Producer(fast_broker.address) as p:
+        for i in range(30):
+            p.send(Message("strict", f"{i}".encode(), tag="poison" if i == 10 else None), routing_key="one")
+    seen: list[tuple[bytes, int]] = []
+
+    def handler(m):
+        seen.append((m.body, m.reconsume_times))
+        if m.tag == "poison":
+            raise ValueError("poison")
+
+    c = Consumer("gof", fast_broker.address, orderly=True, consume_from="first", max_reconsume_times=2,
+                 **FAST).subscribe("strict")
+    c.start(handler)
+    try:
+        assert wait_until(lambda: len({b for b, _ in seen}) == 30, 30)
+        with AdminClient(fast_broker.address) as admin:
+            assert wait_until(lambda: len(admin.dlq_messages("gof")) == 1, 10)
+            assert admin.dlq_messages("gof")[0].body == b"10"
+    finally:
+        c.close()
+    bodies = [b for b, _ in seen]
+    assert bodies[:10] == [f"{i}".encode() for i in range(10)]
+    assert bodies[10:13] == [b"10", b"10", b"10"], "the poison message was not retried in place"
+    assert [r for b, r in seen if b == b"10"] == [0, 1, 2]
+    assert bodies[13:] == [f"{i}".encode() for i in range(11, 30)], "order broken after the failure"

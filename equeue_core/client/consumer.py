@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import itertools
 import json
 import logging
 import os
@@ -134,7 +135,7 @@ class AsyncConsumer:
                             loop.create_task(self._every(self.rebalance_interval, self.rebalance)),
                             loop.create_task(self._every(self.commit_interval, self.commit))]
         if self.orderly:
-            self._background.append(loop.create_task(self._every(self.lock_interval, self._lock_all)))
+            self._background.append(loop.create_task(self._lock_loop()))
         return self
 
     async def _every(self, interval: float, fn: Callable[[], Any]) -> None:
@@ -260,6 +261,19 @@ class AsyncConsumer:
             await self._conn.request(Code.UNLOCK_QUEUES, {"group": self.group, "client_id": self.client_id,
                                                           "queues": [[pq.topic, pq.queue_id]]})
 
+    async def _lock_loop(self) -> None:
+        """Renew locks every lock_interval; while a queue of ours is still locked by its previous
+        owner (which unlocks as it lets go), retry every second instead."""
+        while self._running:
+            waiting = any(not pq.locked for pq in self.queues.values())
+            await asyncio.sleep(min(1.0, self.lock_interval) if waiting else self.lock_interval)
+            try:
+                await self._lock_all()
+            except asyncio.CancelledError:
+                raise
+            except EQueueError as e:
+                log.warning("locking queues failed: %s", e)
+
     async def _lock_all(self) -> None:
         if not self.queues or self._conn is None:
             return
@@ -324,8 +338,10 @@ class AsyncConsumer:
 
     # ---------------------------------------------------------------- handling
 
-    def _run_chunk(self, msgs: list[ReceivedMessage], results: list[bool | None]) -> None:
-        """Runs on a worker thread: call the handler, record success or failure per message."""
+    def _run_chunk(self, msgs: list[ReceivedMessage], results: list[bool | None],
+                   stop_on_failure: bool = False) -> None:
+        """Runs on a worker thread: call the handler, record success or failure per message
+        (orderly: stop at the first failure, leaving the rest unrun)."""
         handler = self._handler
         assert handler is not None
         if self.consume_batch_size > 1:
@@ -347,8 +363,11 @@ class AsyncConsumer:
             except Exception as e:
                 log.info("handler failed on %s/%d@%d: %r", m.topic, m.queue_id, m.queue_offset, e)
                 results[i] = False
+                if stop_on_failure:
+                    return
 
-    async def _run_chunk_async(self, msgs: list[ReceivedMessage], results: list[bool | None]) -> None:
+    async def _run_chunk_async(self, msgs: list[ReceivedMessage], results: list[bool | None],
+                               stop_on_failure: bool = False) -> None:
         handler = self._handler
         assert handler is not None
         step = self.consume_batch_size
@@ -362,20 +381,30 @@ class AsyncConsumer:
                 ok = False
             for j in range(i, i + len(part)):
                 results[j] = ok
+            if not ok and stop_on_failure:
+                return
 
-    async def _handle(self, msgs: list[ReceivedMessage]) -> list[bool]:
-        """Run the handler over msgs; a message not finished within consume_timeout counts as failed."""
+    async def _handle(self, msgs: list[ReceivedMessage], stop_on_failure: bool = False) -> list[bool | None]:
+        """Run the handler over msgs: True handled, False failed, None not run (after a failure,
+        with stop_on_failure). A message not finished within consume_timeout counts as failed."""
         results: list[bool | None] = [None] * len(msgs)
         if self._is_async:
-            work: asyncio.Future = asyncio.ensure_future(self._run_chunk_async(msgs, results))
+            work: asyncio.Future = asyncio.ensure_future(self._run_chunk_async(msgs, results, stop_on_failure))
         else:
-            work = asyncio.get_running_loop().run_in_executor(self._pool, self._run_chunk, msgs, results)
+            work = asyncio.get_running_loop().run_in_executor(self._pool, self._run_chunk, msgs, results,
+                                                              stop_on_failure)
         try:
             await asyncio.wait_for(asyncio.shield(work), self.consume_timeout)
         except TimeoutError:
             log.warning("handler ran past consume_timeout (%.0fs): unfinished messages count as failed",
                         self.consume_timeout)
-        return [r is True for r in results]
+            if stop_on_failure:
+                first = next((i for i, r in enumerate(results) if r is None), None)
+                if first is not None:
+                    results[first] = False
+            else:
+                results = [r is True for r in results]
+        return results
 
     def _dispatch(self, pq: ProcessQueue, msgs: list[ReceivedMessage]) -> None:
         """Queue a pulled batch for handling. At most `parallel_per_queue` batches of one queue
@@ -400,8 +429,8 @@ class AsyncConsumer:
 
     async def _consume(self, pq: ProcessQueue, msgs: list[ReceivedMessage]) -> None:
         oks = await self._handle(msgs)
-        failed = [m for m, ok in zip(msgs, oks, strict=True) if not ok]
-        pq.done_many([m for m, ok in zip(msgs, oks, strict=True) if ok] if failed else msgs)
+        failed = [m for m, ok in zip(msgs, oks, strict=True) if ok is not True]
+        pq.done_many([m for m, ok in zip(msgs, oks, strict=True) if ok is True] if failed else msgs)
         self.stats["handled"] += len(msgs) - len(failed)
         self.stats["failed"] += len(failed)
         if failed and not pq.dropped:
@@ -448,29 +477,46 @@ class AsyncConsumer:
         return True
 
     async def _orderly_loop(self, pq: ProcessQueue) -> None:
-        """One message at a time, in offset order; a failure suspends the queue and retries it
-        locally up to max_reconsume_times, then the message goes to the DLQ and the queue moves on."""
+        """In offset order, one message at a time per queue: runs of pending messages go to the
+        handler in one worker call that stops at the first failure. A failure suspends the queue
+        and retries that message locally up to max_reconsume_times; then it goes to the DLQ and
+        the queue moves on."""
         while self._running and not pq.dropped:
             if not pq.pending or not pq.locked:
                 await pq.wait_change(0.5)
                 continue
-            m = pq.pending[0]
-            failures = 0
-            while True:
-                ok = (await self._handle([m]))[0]
-                if ok:
-                    break
-                failures += 1
-                self.stats["failed"] += 1
-                if failures > self.max_reconsume_times:
-                    while not await self._send_back(m, -1) and self._running:
-                        await asyncio.sleep(self.suspend_seconds)
-                    break
-                m.reconsume_times += 1
-                await asyncio.sleep(self.suspend_seconds)
-            self.stats["handled"] += 1
-            pq.pending.popleft()
-            pq.done(m)
+            run = list(itertools.islice(pq.pending, 0, max(self.pull_batch, self.consume_batch_size)))
+            results = await self._handle(run, stop_on_failure=True)
+            ok = 0
+            while ok < len(run) and results[ok] is True:
+                ok += 1
+            for _ in range(ok):
+                pq.pending.popleft()
+            pq.done_many(run[:ok])
+            self.stats["handled"] += ok
+            if ok < len(run) and results[ok] is False:
+                await self._orderly_failure(pq, run[ok])
+
+    async def _orderly_failure(self, pq: ProcessQueue, m: ReceivedMessage) -> None:
+        """Retry a failed message in place (the queue waits), then dead-letter it."""
+        failures = 1
+        self.stats["failed"] += 1
+        while self._running and not pq.dropped:
+            if failures > self.max_reconsume_times:
+                while not await self._send_back(m, -1) and self._running:
+                    await asyncio.sleep(self.suspend_seconds)
+                break
+            m.reconsume_times += 1
+            await asyncio.sleep(self.suspend_seconds)
+            if (await self._handle([m]))[0] is True:
+                break
+            failures += 1
+            self.stats["failed"] += 1
+        else:
+            return  # dropped or closing: the message stays uncommitted for the next owner
+        self.stats["handled"] += 1
+        pq.pending.popleft()
+        pq.done(m)
 
     # ---------------------------------------------------------------- offsets
 
