@@ -76,7 +76,8 @@ def role_produce(address: str, topic: str, count: int, size: int, mode: str) -> 
     return {"count": count, "seconds": elapsed, "msgs_per_s": count / elapsed}
 
 
-def role_consume(address: str, topic: str, count: int, group: str, orderly: bool, consumers: int) -> dict:
+def role_consume(address: str, topic: str, count: int, group: str, orderly: bool, consumers: int,
+                 pull_batch: int = 256) -> dict:
     from equeue_core.client import Consumer
 
     lock = threading.Lock()
@@ -90,7 +91,7 @@ def role_consume(address: str, topic: str, count: int, group: str, orderly: bool
             if seen >= count:
                 done.set()
 
-    cs = [Consumer(group, address, consume_from="first", orderly=orderly, pull_batch=256).subscribe(topic)
+    cs = [Consumer(group, address, consume_from="first", orderly=orderly, pull_batch=pull_batch).subscribe(topic)
           for _ in range(consumers)]
     start = time.perf_counter()
     for c in cs:
@@ -272,14 +273,16 @@ def run(args: argparse.Namespace) -> None:
                                   "flush": flush, "size": size, "mode": mode, **res})
                 if flush == "async" and "consume" in only:
                     _child(["produce", b.address, "drain", str(args.count), "100", "batch"])
-                    for orderly in (False, True):
-                        for n in (1, 3):
-                            res = _child(["consume", b.address, "drain", str(args.count),
-                                          f"g-{orderly}-{n}", str(int(orderly)), str(n)])
-                            results[f"consume-{'orderly' if orderly else 'concurrent'}-{n}"] = res["msgs_per_s"]
-                            emit({"bench": "consume", "store": args.store, "transport": args.transport,
-                                  "mode": "orderly" if orderly else "concurrent", "consumers": n,
-                                  "size": 100, **res})
+                    for pull_batch in (32, 256):
+                        for orderly in (False, True):
+                            for n in (1, 3):
+                                res = _child(["consume", b.address, "drain", str(args.count),
+                                              f"g-{orderly}-{n}-{pull_batch}", str(int(orderly)), str(n),
+                                              str(pull_batch)])
+                                mode = "orderly" if orderly else "concurrent"
+                                results[f"consume-{mode}-{n}-{pull_batch}"] = res["msgs_per_s"]
+                                emit({"bench": "consume", "store": args.store, "transport": args.transport,
+                                      "mode": mode, "consumers": n, "pull_batch": pull_batch, "size": 100, **res})
                 if flush == "async" and "latency" in only:
                     res = _child(["latency", b.address, "lat", "5000", str(args.latency_seconds)])
                     emit({"bench": "latency", "store": args.store, "rate": 5000, **res})
@@ -287,7 +290,7 @@ def run(args: argparse.Namespace) -> None:
                 b.stop()
     if "peers" in only:
         ours_p = results.get("produce-async-100-batch")
-        ours_c = results.get("consume-concurrent-1")
+        ours_c = results.get("consume-concurrent-1-32")
         for name, runner in (("redis-streams", run_redis), ("nats-jetstream", run_nats)):
             peer = runner(args.count, 100)
             if peer:
@@ -303,7 +306,8 @@ def main(argv: list[str] | None = None) -> None:
         if role == "produce":
             out = role_produce(rest[0], rest[1], int(rest[2]), int(rest[3]), rest[4])
         elif role == "consume":
-            out = role_consume(rest[0], rest[1], int(rest[2]), rest[3], bool(int(rest[4])), int(rest[5]))
+            out = role_consume(rest[0], rest[1], int(rest[2]), rest[3], bool(int(rest[4])), int(rest[5]),
+                               int(rest[6]))
         elif role == "latency":
             out = role_latency(rest[0], rest[1], int(rest[2]), float(rest[3]))
         elif role == "redis":
