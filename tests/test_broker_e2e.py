@@ -152,3 +152,33 @@ def test_message_can_be_fetched_by_its_id(file_broker):
         m = admin.get_message(r.msg_id)
     assert (m.body, m.tag, m.keys, m.properties["p"], m.queue_offset) == (b"find me", "x", ("k1",), "v", r.queue_offset)
     assert m.msg_id == r.msg_id
+
+
+def test_running_clients_ride_out_a_broker_restart(broker):
+    from equeue_core.client import Consumer
+    from tests.helpers.consume import Collector
+
+    col = Collector(200)
+    c = Consumer("g-restart", broker.address, consume_from="first", heartbeat_interval=0.5,
+                 rebalance_interval=1.0, commit_interval=0.5)
+    c.subscribe("survive").start(col)
+    try:
+        with Producer(broker.address) as p:
+            p.send_batch([Message("survive", f"before-{i}".encode()) for i in range(100)])
+            deadline = time.monotonic() + 20
+            while len(col.items) < 100 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            broker.restart()
+            sent = 0
+            deadline = time.monotonic() + 30
+            while sent < 100 and time.monotonic() < deadline:  # the same producer, reconnecting
+                try:
+                    p.send_batch([Message("survive", f"after-{i}".encode()) for i in range(sent, sent + 10)])
+                    sent += 10
+                except Exception:
+                    time.sleep(0.2)
+        assert col.wait(45), f"consumer got {len(col.items)} of 200 after the restart"
+    finally:
+        c.close()
+    bodies = {b for *_, b in col.items}
+    assert bodies >= {f"before-{i}".encode() for i in range(100)} | {f"after-{i}".encode() for i in range(100)}
