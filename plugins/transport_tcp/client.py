@@ -15,7 +15,6 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import logging
 import socket
@@ -34,6 +33,7 @@ from equeue_core.errors import (
     RequestTimeoutError,
     TransportError,
 )
+from equeue_core.push import deliver_push
 
 log = logging.getLogger(__name__)
 
@@ -229,17 +229,7 @@ class TcpClientConnection:
         proto.writer.write(buffers)
 
     def _deliver_push(self, frame: wire.Frame) -> None:
-        if self.on_push is None:
-            return
-        try:
-            result = self.on_push(frame)
-        except Exception:
-            log.exception("on_push callback failed")
-            return
-        if inspect.isawaitable(result):
-            task = asyncio.ensure_future(result)
-            self._push_tasks.add(task)
-            task.add_done_callback(self._push_tasks.discard)
+        deliver_push(self.on_push, frame, self._push_tasks)
 
     def _drop(self) -> None:
         proto, self._proto = self._proto, None

@@ -15,7 +15,6 @@ Guarantees (the same as the TCP client's):
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import logging
 import os
@@ -40,6 +39,7 @@ from equeue_core.errors import (
     RequestTimeoutError,
     TransportError,
 )
+from equeue_core.push import deliver_push
 
 log = logging.getLogger(__name__)
 
@@ -210,17 +210,7 @@ class ZmqClientConnection:
                 fut.set_exception(err)
 
     def _deliver_push(self, frame: wire.Frame) -> None:
-        if self.on_push is None:
-            return
-        try:
-            result = self.on_push(frame)
-        except Exception:
-            log.exception("on_push callback failed")
-            return
-        if inspect.isawaitable(result):
-            task = asyncio.ensure_future(result)
-            self._push_tasks.add(task)
-            task.add_done_callback(self._push_tasks.discard)
+        deliver_push(self.on_push, frame, self._push_tasks)
 
     # ------------------------------------------------------------ shutdown
 
