@@ -413,3 +413,37 @@ def test_orderly_failure_suspends_the_queue_retries_then_dead_letters(fast_broke
     assert bodies[10:13] == [b"10", b"10", b"10"], "the poison message was not retried in place"
     assert [r for b, r in seen if b == b"10"] == [0, 1, 2]
     assert bodies[13:] == [f"{i}".encode() for i in range(11, 30)], "order broken after the failure"
+
+
+def test_a_failed_send_back_is_retried_locally_and_holds_the_offset(fast_broker):
+    with Producer(fast_broker.address) as p:
+        p.send_batch([Message("fragile", f"{i}".encode()) for i in range(20)], routing_key="one")
+    calls: list[tuple[bytes, int, str]] = []
+    killed = threading.Event()
+    started = threading.Event()
+
+    def handler(m):
+        calls.append((m.body, m.reconsume_times, m.source_topic))
+        if m.body == b"5" and not killed.is_set():
+            started.wait(10)  # let start() finish its own requests first
+            fast_broker.kill()  # the broker dies: this failure cannot be sent back
+            killed.set()
+            raise RuntimeError("fails while the broker is down")
+
+    c = Consumer("gsb", fast_broker.address, consume_from="first", **FAST).subscribe("fragile")
+    c.start(handler)
+    started.set()
+    try:
+        assert killed.wait(20)
+        time.sleep(1.0)
+        fast_broker.start()
+        assert wait_until(lambda: [b for b, *_ in calls].count(b"5") >= 2, 30), calls
+        assert wait_until(lambda: {b for b, *_ in calls} >= {f"{i}".encode() for i in range(20)}, 30)
+    finally:
+        c.close()
+    retries = [(r, src) for b, r, src in calls if b == b"5"]
+    assert retries[0] == (0, "fragile")
+    assert retries[1][1] == "fragile", "retried locally, not through the retry topic"
+    with AdminClient(fast_broker.address) as admin:
+        rows = [r for r in admin.groups("gsb")["gsb"]["queues"] if r["topic"] == "fragile" and r["max_offset"]]
+    assert rows and all(r["committed"] == r["max_offset"] for r in rows), rows
