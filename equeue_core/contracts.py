@@ -122,7 +122,8 @@ class MessageStore(Protocol):
 
 @runtime_checkable
 class OffsetStore(Protocol):
-    """Consumer offsets per (group, topic, queue) and small broker metadata, persisted atomically."""
+    """Consumer offsets per (group, topic, queue) and small broker metadata, persisted atomically.
+    Thread-safe: the broker commits on its event loop and persists (an fsync) on another thread."""
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None: ...
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...

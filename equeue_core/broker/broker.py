@@ -118,7 +118,7 @@ class Broker:
         while True:
             await asyncio.sleep(interval)
             try:
-                self.offsets.persist()
+                await asyncio.to_thread(self.offsets.persist)  # its fsync stays off the event loop
             except Exception:
                 log.exception("persisting offsets failed")
 

@@ -41,6 +41,7 @@ PROP_ORIGIN_MSG_ID = "ORIGIN_MSG_ID"
 SCHEDULE_GROUP = "%SCHEDULE%"
 META_DELIVERED = "schedule_delivered"
 FIRST_RETRY_LEVEL = 3
+MAX_DELIVERY_ROUND = 10_000  # due messages copied per loop turn, so one turn never hogs the loop
 _INTERNAL = (PROP_REAL_TOPIC, PROP_REAL_QUEUE, PROP_DELIVER_AT)
 
 
@@ -90,15 +91,16 @@ class Scheduler:
         heapq.heappush(self._heap, (due, q, offset, position))
         self._pending[q].add(offset)
 
-    def _persist(self, queues: set[int]) -> None:
+    def _progress(self, queues: set[int]) -> bytes:
+        """Commit each touched schedule queue's progress (smallest undelivered offset) and return
+        the delivered-above-progress document to persist."""
         offsets = self.broker.offsets
         for q in queues:
             pending = self._pending[q]
             progress = min(pending) if pending else self.broker.store.queue_range(SCHEDULE_TOPIC, q)[1]
             offsets.commit(SCHEDULE_GROUP, SCHEDULE_TOPIC, q, progress)
             self._delivered[q] = {o for o in self._delivered[q] if o >= progress}
-        offsets.put_meta(META_DELIVERED, json.dumps(
-            {str(q): sorted(v) for q, v in self._delivered.items() if v}).encode())
+        return json.dumps({str(q): sorted(v) for q, v in self._delivered.items() if v}).encode()
 
     @property
     def pending(self) -> int:
@@ -158,15 +160,25 @@ class Scheduler:
                     pass
                 continue
             try:
-                self._deliver_due(now)
+                touched, last = self._deliver_due(now)
+                if touched:
+                    # The copies are durable before the progress that skips them is (sync flush),
+                    # and the fsync of the progress file runs off the event loop.
+                    if last is not None:
+                        await self.broker.durable(last)
+                    await asyncio.to_thread(self.broker.offsets.put_meta, META_DELIVERED, self._progress(touched))
             except Exception:
                 log.exception("delivering delayed messages failed; retrying in 1 s")
                 await asyncio.sleep(1)
 
-    def _deliver_due(self, now: int) -> None:
+    def _deliver_due(self, now: int) -> tuple[set[int], AppendResult | None]:
+        """Copy up to MAX_DELIVERY_ROUND due messages to their real topics: (queues touched, last append)."""
         touched: set[int] = set()
         batches: dict[tuple[str, int], list[bytes]] = {}
-        while self._heap and self._heap[0][0] <= now and len(touched) < 10_000:
+        delivered = 0
+        last: AppendResult | None = None
+        while self._heap and self._heap[0][0] <= now and delivered < MAX_DELIVERY_ROUND:
+            delivered += 1
             due, q, offset, position = heapq.heappop(self._heap)
             m = record.decode(self.broker.store.read_position(position))
             props = {k: v for k, v in m.properties.items() if k not in _INTERNAL}
@@ -181,9 +193,8 @@ class Scheduler:
             system = topic.startswith((RETRY_PREFIX, DLQ_PREFIX))
             n = self.broker.topics.queues(topic, create=True, system=system)
             batch = bytearray(b"".join(parts))
-            self.broker.append(topic, min(queue_id, n - 1), batch, record.scan(batch))
-        if touched:
-            self._persist(touched)
+            last = self.broker.append(topic, min(queue_id, n - 1), batch, record.scan(batch))
+        return touched, last
 
     # ---------------------------------------------------------------- retry and dead letters
 
