@@ -7,6 +7,7 @@ The main `equeue` CLI hands everything after `spark` to `main(argv)`; it can als
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -18,7 +19,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     e = sub.add_parser("export", help="export a topic to Parquet (partitioned by date and queue_id), incrementally")
-    e.add_argument("--data-dir", required=True, help="the broker's data directory")
+    e.add_argument("--data-dir", default="./data", help="the broker's data directory (default ./data, as the broker)")
     e.add_argument("--topic", required=True)
     e.add_argument("--to", required=True, dest="to_dir", help="target directory (holds the export state)")
     e.add_argument("--store", default=None, help="store name (default: broker.json's store, else file)")
@@ -28,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="progress bar on stderr (default: when stderr is a terminal)")
 
     r = sub.add_parser("report", help="per topic and group: messages in, consumed, lag, messages/minute")
-    r.add_argument("--data-dir", required=True, help="the broker's data directory")
+    r.add_argument("--data-dir", default="./data", help="the broker's data directory (default ./data, as the broker)")
     r.add_argument("--store", default=None)
     r.add_argument("--out", default=None, help="also write the rows to FILE.parquet or FILE.csv")
     r.add_argument("--window", type=float, default=5.0, help="minutes of the throughput window (default 5)")
@@ -43,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args_list = args_list[1:]
     args = _parser().parse_args(args_list)
     try:
+        if not os.path.isdir(args.data_dir):  # say so before paying for a Spark session
+            raise EQueueError(f"data directory {args.data_dir!r} does not exist")
         if args.command == "export":
             from equeue_spark.jobs import export
             from equeue_spark.session import get_session
