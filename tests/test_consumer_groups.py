@@ -447,3 +447,51 @@ def test_a_failed_send_back_is_retried_locally_and_holds_the_offset(fast_broker)
     with AdminClient(fast_broker.address) as admin:
         rows = [r for r in admin.groups("gsb")["gsb"]["queues"] if r["topic"] == "fragile" and r["max_offset"]]
     assert rows and all(r["committed"] == r["max_offset"] for r in rows), rows
+
+
+def test_async_handlers_run_as_tasks_and_batches_reach_batch_handlers(fast_broker):
+    import asyncio
+
+    from equeue_core.client import AsyncConsumer
+
+    with Producer(fast_broker.address) as p:
+        p.send_batch([Message("shapes", f"{i}".encode()) for i in range(200)], routing_key="k")
+
+    async def run_async_consumer() -> list[bytes]:
+        got: list[bytes] = []
+        done = asyncio.Event()
+
+        async def handler(m):
+            await asyncio.sleep(0)  # a coroutine handler, awaited on the consumer's loop
+            got.append(m.body)
+            if len(got) >= 200:
+                done.set()
+
+        c = AsyncConsumer("g-async", fast_broker.address, consume_from="first", **FAST).subscribe("shapes")
+        await c.start(handler)
+        try:
+            await asyncio.wait_for(done.wait(), 30)
+        finally:
+            await c.close()
+        return got
+
+    got = asyncio.run(run_async_consumer())
+    assert sorted(got, key=int) == [f"{i}".encode() for i in range(200)]
+
+    sizes: list[int] = []
+    col = Collector(200)
+
+    def batch_handler(msgs):
+        sizes.append(len(msgs))
+        for m in msgs:
+            col(m)
+
+    c = Consumer("g-batch", fast_broker.address, consume_from="first", consume_batch_size=10,
+                 **FAST).subscribe("shapes")
+    c.start(batch_handler)
+    try:
+        assert col.wait(30)
+    finally:
+        c.close()
+    assert max(sizes) == 10 and all(1 <= s <= 10 for s in sizes)
+    assert sorted(b for *_, b in col.items) == sorted(f"{i}".encode() for i in range(200))
