@@ -34,6 +34,7 @@ class Code(IntEnum):
     DELETE_TOPIC = 26    # {topic} -> {}
     OFFSET_FOR_TIME = 27  # {topic, queue_id, ts_ms} -> {offset}
     BROKER_INFO = 28     # {} -> {address, store, transport, version, flush}
+    QUERY_BY_KEY = 29    # {topic, key, max?, scan_limit?} -> {count, scanned} + body: records, newest first
 
 
 class PullStatus:

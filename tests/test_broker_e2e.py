@@ -182,3 +182,22 @@ def test_running_clients_ride_out_a_broker_restart(broker):
         c.close()
     bodies = {b for *_, b in col.items}
     assert bodies >= {f"before-{i}".encode() for i in range(100)} | {f"after-{i}".encode() for i in range(100)}
+
+
+def test_messages_can_be_found_by_key(broker):
+    import subprocess
+    import sys
+
+    with Producer(broker.address) as p:
+        p.send_batch([Message("keyed", f"m{i}".encode(), keys=(f"order-{i % 50}", "all")) for i in range(500)])
+        p.send(Message("keyed", b"newest", keys=("order-7",)))
+    with AdminClient(broker.address) as admin:
+        found = admin.find_by_key("keyed", "order-7")
+        assert [m.body for m in found][:1] == [b"newest"]
+        assert sorted(m.body for m in found[1:]) == sorted(f"m{i}".encode() for i in range(7, 500, 50))
+        assert all("order-7" in m.keys for m in found)
+        assert admin.find_by_key("keyed", "order-70") == []
+        assert len(admin.find_by_key("keyed", "all", max_results=5)) == 5
+    r = subprocess.run([sys.executable, "-m", "equeue_core.cli.main", "message", "--topic", "keyed", "--key",
+                        "order-7", "--broker", broker.address], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "newest" in r.stdout

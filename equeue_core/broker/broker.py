@@ -174,6 +174,7 @@ class Broker:
             Code.QUEUE_RANGES: self.on_queue_ranges,
             Code.OFFSET_FOR_TIME: self.on_offset_for_time,
             Code.BROKER_INFO: self.on_broker_info,
+            Code.QUERY_BY_KEY: self.on_query_by_key,
         }
         self._handlers.update(self.groups.handlers())
         self._handlers.update(self.scheduler.handlers())
@@ -321,6 +322,47 @@ class Broker:
     async def on_get_message(self, conn: ServerConnection, frame: Frame) -> Frame:
         _host, _port, position = msgid.decode(_str(frame.header, "msg_id"))
         return frame.response({}, self.store.read_position(position))
+
+    def find_by_key(self, topic: str, key: str, max_results: int, scan_limit: int) -> tuple[list[bytes], int]:
+        """Scan the newest `scan_limit` messages of each queue of a topic for a key (a scan, not
+        an index: cost grows with scan_limit). Returns (matching records newest first, scanned)."""
+        key_b = key.encode()
+        found: list[tuple[int, bytes]] = []
+        scanned = 0
+        for q in range(self.topics.queues(topic)):
+            lo, hi = self.store.queue_range(topic, q)
+            off = max(lo, hi - scan_limit)
+            while off < hi:
+                try:
+                    res = self.store.read_queue(topic, q, off, 1024, 8 << 20, None)
+                except OffsetOutOfRangeError as e:  # retention moved the queue on under us
+                    off = e.min_offset
+                    continue
+                buf = res.records
+                for s in record.scan(buf):
+                    scanned += 1
+                    f = record.header_fields(buf, s)
+                    klen = f[14]
+                    if klen:
+                        start = s + record.HEADER_SIZE + f[12] + f[13]
+                        raw = bytes(buf[start:start + klen])
+                        if key_b in raw and key in raw.decode().split(record.KEY_SEPARATOR):
+                            found.append((f[10], bytes(buf[s:s + f[0]])))
+                if res.next_offset <= off:
+                    break
+                off = res.next_offset
+        found.sort(key=lambda x: x[0], reverse=True)
+        return [r for _, r in found[:max_results]], scanned
+
+    async def on_query_by_key(self, conn: ServerConnection, frame: Frame) -> Frame:
+        h = frame.header
+        topic, key = _str(h, "topic"), _str(h, "key")
+        max_results = max(1, min(_int(h, "max", 32), 1000))
+        scan_limit = max(1, min(_int(h, "scan_limit", 100_000), 10_000_000))
+        self.topics.queues(topic)
+        # Store reads are thread-safe by contract; a long scan must not stall the event loop.
+        records, scanned = await asyncio.to_thread(self.find_by_key, topic, key, max_results, scan_limit)
+        return frame.response({"count": len(records), "scanned": scanned}, b"".join(records))
 
     async def on_broker_info(self, conn: ServerConnection, frame: Frame) -> Frame:
         from equeue_core import __version__

@@ -236,11 +236,24 @@ def cmd_message(args: argparse.Namespace) -> int:
     from equeue_core.client import AdminClient
 
     with AdminClient(args.broker) as admin:
-        m = admin.get_message(args.msg_id)
-    for field in ("msg_id", "topic", "queue_id", "queue_offset", "tag", "keys", "properties",
-                  "reconsume_times", "born_ts", "store_ts"):
-        print(f"{field:<16}{getattr(m, field)}")
-    print(f"{'body':<16}{m.body.decode('utf-8', 'replace')}")
+        if args.key is not None:
+            if not args.topic:
+                raise EQueueError("--key needs --topic")
+            msgs = admin.find_by_key(args.topic, args.key, args.count)
+            if not msgs:
+                print(f"no message of {args.topic} has key {args.key!r}", file=sys.stderr)
+                return 1
+        elif args.msg_id:
+            msgs = [admin.get_message(args.msg_id)]
+        else:
+            raise EQueueError("give a msg id, or --topic T --key K")
+    for i, m in enumerate(msgs):
+        if i:
+            print()
+        for field in ("msg_id", "topic", "queue_id", "queue_offset", "tag", "keys", "properties",
+                      "reconsume_times", "born_ts", "store_ts"):
+            print(f"{field:<16}{getattr(m, field)}")
+        print(f"{'body':<16}{m.body.decode('utf-8', 'replace')}")
     return 0
 
 
@@ -322,8 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--broker", default=DEFAULT_BROKER)
     g.set_defaults(fn=cmd_groups)
 
-    ms = sub.add_parser("message", help="show one message by its msg id")
-    ms.add_argument("msg_id")
+    ms = sub.add_parser("message", help="show a message by its msg id, or by key (--topic T --key K)")
+    ms.add_argument("msg_id", nargs="?")
+    ms.add_argument("--topic")
+    ms.add_argument("--key")
+    ms.add_argument("--count", type=int, default=32, help="most messages to show for a key")
     ms.add_argument("--broker", default=DEFAULT_BROKER)
     ms.set_defaults(fn=cmd_message)
 

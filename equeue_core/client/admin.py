@@ -56,6 +56,15 @@ class AsyncAdminClient:
         body = (await self._conn.request(Code.GET_MESSAGE, {"msg_id": msg_id})).body
         return received_from(body, 0, msg_id[:12])
 
+    async def find_by_key(self, topic: str, key: str, max_results: int = 32,
+                          scan_limit: int = 100_000) -> list[ReceivedMessage]:
+        """Messages of a topic carrying `key`, newest first, among the newest `scan_limit` of each
+        queue (the broker scans; there is no key index)."""
+        assert self._conn is not None
+        resp = await self._conn.request(Code.QUERY_BY_KEY, {"topic": topic, "key": key, "max": max_results,
+                                                            "scan_limit": scan_limit}, timeout=120)
+        return decode_batch(resp.body, self._id_prefix)
+
     async def read_queue(self, topic: str, queue_id: int, offset: int, count: int) -> list[ReceivedMessage]:
         """Messages of one queue from offset on (no group, no long polling): for inspection."""
         assert self._conn is not None
