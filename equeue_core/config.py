@@ -40,6 +40,7 @@ class Config:
     retention_hours: float = 72.0
     retention_policy: str = "time_and_consumed"
     retention_check_s: float = 10.0
+    disk_high_water: float = 0.85
     delay_levels: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     max_reconsume_times: int = 16
     store_options: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -95,6 +96,8 @@ def validate(cfg: Config) -> Config:
     if cfg.retention_policy not in ("time_and_consumed", "time", "consumed"):
         raise ConfigError(f"config retention_policy: {cfg.retention_policy!r} must be "
                           "'time_and_consumed', 'time' or 'consumed'")
+    if not 0 < cfg.disk_high_water <= 1:
+        raise ConfigError(f"config disk_high_water: {cfg.disk_high_water} must be a fraction in (0, 1]")
     if cfg.retention_hours < 0 or cfg.retention_check_s <= 0:
         raise ConfigError("config retention_hours must be >= 0 and retention_check_s > 0")
     return cfg

@@ -49,3 +49,21 @@ def test_unconsumed_data_is_kept_under_time_and_consumed(tmp_path):
         assert _lowest(b.address, "keep") == 0
     finally:
         b.stop()
+
+
+def test_above_the_disk_high_water_mark_the_oldest_data_goes_even_unconsumed(tmp_path):
+    cfg = tmp_path / "b.toml"
+    cfg.write_text("retention_hours = 1000\nretention_check_s = 0.3\n[store_options.file]\nchunk_size = 65536\n")
+    b = BrokerProcess(tmp_path / "data", config=str(cfg), env={"EQUEUE_DISK_HIGH_WATER": "0.0001"}).start()
+    try:
+        with Producer(b.address) as p:
+            for _batch in range(30):
+                p.send_batch([Message("full", b"x" * 200) for _ in range(100)], routing_key="k")
+                time.sleep(0.03)  # spread the data over time: "oldest" must mean something
+        deadline = time.monotonic() + 20
+        while _lowest(b.address, "full") == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _lowest(b.address, "full") > 0, "nothing released above the high-water mark"
+    finally:
+        b.stop()
+    assert "FULL (high-water mark" in b.log_path.read_text()

@@ -88,7 +88,8 @@ class Broker:
         self.groups = GroupRegistry(self, cfg.heartbeat_expiry_s, cfg.queue_lock_expiry_s)
         self.delay_levels = parse_delay_levels(cfg.delay_levels)
         self.scheduler = Scheduler(self)
-        self.retention = RetentionCleaner(self, cfg.retention_hours, cfg.retention_policy, cfg.retention_check_s)
+        self.retention = RetentionCleaner(self, cfg.retention_hours, cfg.retention_policy, cfg.retention_check_s,
+                                          cfg.disk_high_water)
         transport = self.plugins.transport(cfg.transport)
         tsettings = TransportSettings(max_frame_size=cfg.max_frame_size,
                                       frame_read_timeout=cfg.frame_read_timeout_s)

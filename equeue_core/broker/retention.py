@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 from typing import TYPE_CHECKING
 
 from equeue_core import record
@@ -29,11 +30,13 @@ INFINITE = 1 << 63
 
 
 class RetentionCleaner:
-    def __init__(self, broker: Broker, hours: float, policy: str, interval_s: float) -> None:
+    def __init__(self, broker: Broker, hours: float, policy: str, interval_s: float,
+                 disk_high_water: float = 0.85) -> None:
         self.broker = broker
         self.retention_ms = int(hours * 3_600_000)
         self.policy = policy
         self.interval_s = interval_s
+        self.disk_high_water = disk_high_water
         self.released = 0
 
     def _position_at(self, topic: str, queue_id: int, offset: int) -> int:
@@ -48,7 +51,10 @@ class RetentionCleaner:
         return record.header_fields(res.records)[5]
 
     def time_bound(self, now_ms: int) -> int:
-        cutoff = now_ms - self.retention_ms
+        return self.bound_before(now_ms - self.retention_ms)
+
+    def bound_before(self, cutoff: int) -> int:
+        """A position below which every record was stored before cutoff (ms)."""
         bound = INFINITE
         for topic, queues in self.broker.store.queues().items():
             for q in queues:
@@ -71,9 +77,48 @@ class RetentionCleaner:
                 bound = min(bound, self._position_at(topic, q, start))
         return bound
 
+    def disk_used(self) -> float:
+        usage = shutil.disk_usage(self.broker.config.data_dir)
+        return usage.used / usage.total if usage.total else 0.0
+
+    def _oldest_store_ts(self) -> int | None:
+        store = self.broker.store
+        oldest = None
+        for topic, queues in store.queues().items():
+            for q in queues:
+                lo, hi = store.queue_range(topic, q)
+                if hi > lo:
+                    res = store.read_queue(topic, q, lo, 1, 1 << 30, None)
+                    if res.count:
+                        ts = record.header_fields(res.records)[10]
+                        oldest = ts if oldest is None else min(oldest, ts)
+        return oldest
+
+    def relieve_disk(self, now_ms: int) -> int:
+        """Above the disk high-water mark, release the oldest tenth of the stored time span,
+        consumed or not, and say so loudly: losing old data beats refusing new sends."""
+        used = self.disk_used()
+        if used < self.disk_high_water:
+            return 0
+        oldest = self._oldest_store_ts()
+        if oldest is None:
+            return 0
+        cutoff = oldest + max(1, (now_ms - oldest) // 10)
+        position = self.bound_before(cutoff)
+        if position == INFINITE:
+            position = self._end_position()
+        released = self.broker.store.delete_before(position) if position > 0 else 0
+        log.warning("DISK %.0f%% FULL (high-water mark %.0f%%): released %d bytes of the oldest "
+                    "messages, consumed or not", used * 100, self.disk_high_water * 100, released)
+        self.released += released
+        return released
+
     def clean_once(self, now_ms: int | None = None) -> int:
         """Release what the policy allows; returns what the store reports released."""
         now_ms = record.now_ms() if now_ms is None else now_ms
+        relieved = self.relieve_disk(now_ms)
+        if relieved:
+            return relieved
         bounds = []
         if self.policy in ("time_and_consumed", "time"):
             bounds.append(self.time_bound(now_ms))

@@ -29,7 +29,9 @@ class BrokerProcess:
         self.transport = transport
         self.flush = flush
         self.port = port or free_port()
-        self.env = env or {}
+        # Test brokers must not depend on how full the host's disk is: the high-water cleaner is
+        # off unless a test asks for it (tests/test_retention.py does).
+        self.env = {"EQUEUE_DISK_HIGH_WATER": "1.0", **(env or {})}
         self.config = config
         self.proc: subprocess.Popen | None = None
         self.log_path = self.data_dir.parent / f"broker-{self.data_dir.name}-{self.port}.log"
