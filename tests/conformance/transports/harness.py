@@ -7,8 +7,9 @@ server in the frame itself. Every wait here is bounded in time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import uvloop
@@ -106,3 +107,20 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what:
 
 def settings(**overrides: Any) -> TransportSettings:
     return TransportSettings(**overrides)
+
+
+@contextlib.asynccontextmanager
+async def serving(name: str, handler: Any = None, server_settings: TransportSettings | None = None,
+                  on_push: Callable[[Any], Any] | None = None) -> AsyncIterator[tuple[Any, Any, Any]]:
+    """A server on 127.0.0.1:0 and one client connected to it; both closed on the way out."""
+    t = transport(name)
+    handler = handler if handler is not None else ScriptedHandler()
+    server = await t.serve("127.0.0.1", 0, handler, server_settings or settings())
+    try:
+        client = await t.connect("127.0.0.1", server.address[1], settings(), on_push=on_push)
+        try:
+            yield handler, server, client
+        finally:
+            await client.close()
+    finally:
+        await server.close()

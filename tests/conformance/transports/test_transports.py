@@ -28,6 +28,7 @@ from .harness import (
     SLEEP,
     ScriptedHandler,
     run,
+    serving,
     settings,
     transport,
     transport_names,
@@ -71,29 +72,18 @@ def test_echo_round_trip(name: str, loop: str) -> None:
 
 def test_request_ids_are_assigned_by_the_transport(name: str, loop: str) -> None:
     async def main() -> None:
-        t = transport(name)
-        handler = ScriptedHandler()
-        server = await t.serve(HOST, 0, handler, settings())
-        client = await t.connect(HOST, server.address[1], settings())
-        try:
+        async with serving(name) as (handler, _server, client):
             a, b = Frame(ECHO, request_id=99), Frame(ECHO, request_id=99)
             ra = await client.request(a, 5)
             rb = await client.request(b, 5)
             assert a.request_id != b.request_id
             assert (ra.request_id, rb.request_id) == (a.request_id, b.request_id)
-        finally:
-            await client.close()
-            await server.close()
     run(loop, main)
 
 
 def test_thousand_concurrent_requests_on_one_connection(name: str, loop: str) -> None:
     async def main() -> None:
-        t = transport(name)
-        handler = ScriptedHandler()
-        server = await t.serve(HOST, 0, handler, settings())
-        client = await t.connect(HOST, server.address[1], settings())
-        try:
+        async with serving(name) as (handler, _server, client):
             frames = [Frame(ECHO, header={"i": i}, body=i.to_bytes(4, "little") * (i % 50))
                       for i in range(1000)]
             replies = await asyncio.gather(*(client.request(f, 20) for f in frames))
@@ -102,19 +92,12 @@ def test_thousand_concurrent_requests_on_one_connection(name: str, loop: str) ->
                 assert bytes(reply.body) == i.to_bytes(4, "little") * (i % 50)
             # The handler saw them in the order they were sent (one connection, arrival order).
             assert [f.header["i"] for f in handler.requests] == list(range(1000))
-        finally:
-            await client.close()
-            await server.close()
     run(loop, main)
 
 
 def test_oneway_frames_reach_the_handler_and_get_no_response(name: str, loop: str) -> None:
     async def main() -> None:
-        t = transport(name)
-        handler = ScriptedHandler()
-        server = await t.serve(HOST, 0, handler, settings())
-        client = await t.connect(HOST, server.address[1], settings())
-        try:
+        async with serving(name) as (handler, _server, client):
             for i in range(50):
                 await client.send_oneway(Frame(ECHO, header={"i": i}, body=b"x" * i))
             await wait_until(lambda: len(handler.oneway) == 50, what="50 one-way frames")
@@ -124,9 +107,6 @@ def test_oneway_frames_reach_the_handler_and_get_no_response(name: str, loop: st
             # The connection is still in step for requests.
             reply = await client.request(Frame(ECHO, body=b"after"), 5)
             assert bytes(reply.body) == b"after"
-        finally:
-            await client.close()
-            await server.close()
     run(loop, main)
 
 
@@ -168,20 +148,13 @@ def test_server_push_reaches_on_push(name: str, loop: str) -> None:
 
 def test_fifteen_mib_frames_round_trip(name: str, loop: str) -> None:
     async def main() -> None:
-        t = transport(name)
-        handler = ScriptedHandler()
-        server = await t.serve(HOST, 0, handler, settings())
-        client = await t.connect(HOST, server.address[1], settings())
-        try:
+        async with serving(name) as (handler, _server, client):
             body = os.urandom(15 * 1024 * 1024)
             replies = await asyncio.gather(*(client.request(Frame(ECHO, header={"i": i}, body=body), 30)
                                              for i in range(3)))
             for i, reply in enumerate(replies):
                 assert reply.header == {"i": i}
                 assert len(reply.body) == len(body) and bytes(reply.body) == body
-        finally:
-            await client.close()
-            await server.close()
     run(loop, main)
 
 
@@ -253,17 +226,11 @@ def test_frame_far_over_the_max_never_reaches_the_handler(name: str, loop: str) 
 
 def test_handler_failure_becomes_an_error_response(name: str, loop: str) -> None:
     async def main() -> None:
-        t = transport(name)
-        server = await t.serve(HOST, 0, ScriptedHandler(), settings())
-        client = await t.connect(HOST, server.address[1], settings())
-        try:
+        async with serving(name) as (_handler, _server, client):
             reply = await client.request(Frame(FAIL), 5)
             assert reply.is_error and "scripted failure" in reply.header["message"]
             reply = await client.request(Frame(123), 5)
             assert reply.is_error and reply.header["error"] == "unknown_request"
-        finally:
-            await client.close()
-            await server.close()
     run(loop, main)
 
 
@@ -342,11 +309,7 @@ def test_server_restart_fails_inflight_and_the_client_reconnects(name: str, loop
 
 def test_request_timeout(name: str, loop: str) -> None:
     async def main() -> None:
-        t = transport(name)
-        handler = ScriptedHandler()
-        server = await t.serve(HOST, 0, handler, settings())
-        client = await t.connect(HOST, server.address[1], settings())
-        try:
+        async with serving(name) as (handler, _server, client):
             loop_ = asyncio.get_running_loop()
             started = loop_.time()
             with pytest.raises(RequestTimeoutError):
@@ -355,9 +318,6 @@ def test_request_timeout(name: str, loop: str) -> None:
             # The late response is dropped and the connection stays usable.
             await asyncio.sleep(1.0)
             assert bytes((await client.request(Frame(ECHO, body=b"z"), 5)).body) == b"z"
-        finally:
-            await client.close()
-            await server.close()
     run(loop, main)
 
 
