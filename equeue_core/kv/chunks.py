@@ -14,7 +14,11 @@ record of a batch is arithmetic, and a record is found from its position by one 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from equeue_core.errors import MessageNotFoundError
+from equeue_core.record import HEADER_SIZE, OFF_POSITION, verify
 
 DEFAULT_CHUNK_BYTES = 64 * 1024
 
@@ -45,3 +49,42 @@ def split(starts: Sequence[int], end: int, chunk_bytes: int) -> list[tuple[int, 
             first = i
     out.append((first, n - first))
     return out
+
+
+_U64 = struct.Struct("<Q")
+FloorChunk = Callable[[int], "tuple[int, Any] | None"]
+
+
+def slice_records(positions: Sequence[int], floor_chunk: FloorChunk) -> list[Any]:
+    """The record starting at each (ascending) position, sliced from its chunk; None where no
+    chunk holds that position. `floor_chunk(p)` is the engine's one seek: (first position, value)
+    of the greatest chunk key at or below p, or None; it runs once per chunk touched."""
+    out: list[Any] = []
+    start = end = -1
+    value: Any = b""
+    for p in positions:
+        if not start <= p < end:
+            found = floor_chunk(p)
+            if found is None:
+                out.append(None)
+                continue
+            start, value = found
+            end = start + len(value)
+            if p >= end:
+                out.append(None)
+                continue
+        i = p - start
+        if end - p < HEADER_SIZE:
+            out.append(None)
+            continue
+        out.append(value[i:i + _U32.unpack_from(value, i)[0]])
+    return out
+
+
+def checked_record(rec: Any, position: int) -> bytes:
+    """The record a position lookup found, verified (crc) and copied; MessageNotFoundError if
+    no record starts exactly there."""
+    if rec is None or len(rec) < HEADER_SIZE or _U64.unpack_from(rec, OFF_POSITION)[0] != position:
+        raise MessageNotFoundError(f"no record at position {position}")
+    verify(rec)
+    return bytes(rec)

@@ -9,20 +9,16 @@ past its transaction (read_chunk and record return bytes).
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 
 import lmdb
 
 from equeue_core.contracts import PullResult
 from equeue_core.errors import MessageNotFoundError
-from equeue_core.kv import keys, queries
-from equeue_core.record import HEADER_SIZE, INDEX_ENTRY, INDEX_ENTRY_SIZE, OFF_POSITION, verify
+from equeue_core.kv import chunks, keys, queries
+from equeue_core.record import INDEX_ENTRY, INDEX_ENTRY_SIZE
 
 from .environment import SharedEnv
-
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
 
 
 def floor(cur: lmdb.Cursor, key: bytes, prefix: bytes = b"") -> bool:
@@ -90,36 +86,18 @@ class Snapshot:
         return INDEX_ENTRY.unpack(raw)
 
     def records(self, positions: Sequence[int]) -> list[memoryview | bytes | None]:
-        """The record starting at each (ascending) position, sliced from its chunk; None where no
-        chunk holds that position."""
+        """The record starting at each (ascending) position (chunks.slice_records), one cursor."""
         cur = self.txn.cursor(self.log_db)
-        out: list[memoryview | bytes | None] = []
-        start = end = -1
-        value: memoryview | bytes = b""
-        for p in positions:
-            if not start <= p < end:
-                if not floor(cur, keys.log_key(p)):
-                    out.append(None)
-                    continue
-                start = keys.position_of(cur.key())
-                value = cur.value()
-                end = start + len(value)
-                if p >= end:
-                    out.append(None)
-                    continue
-            i = p - start
-            if end - p < HEADER_SIZE:
-                out.append(None)
-                continue
-            out.append(value[i:i + _U32.unpack_from(value, i)[0]])
-        return out
+
+        def floor_chunk(p: int) -> tuple[int, memoryview | bytes] | None:
+            if not floor(cur, keys.log_key(p)):
+                return None
+            return keys.position_of(cur.key()), cur.value()
+
+        return chunks.slice_records(positions, floor_chunk)
 
     def record(self, position: int) -> bytes:
-        rec = self.records([position])[0]
-        if rec is None or len(rec) < HEADER_SIZE or _U64.unpack_from(rec, OFF_POSITION)[0] != position:
-            raise MessageNotFoundError(f"no record at position {position}")
-        verify(rec)
-        return bytes(rec)
+        return chunks.checked_record(self.records([position])[0], position)
 
     def pull(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int,
              tag_hashes: frozenset[int] | None) -> PullResult:

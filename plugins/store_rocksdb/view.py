@@ -9,20 +9,16 @@ OffsetOutOfRangeError with the bounds read afterwards (queries.pull / check_reco
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 
 import rocksdict
 
 from equeue_core.contracts import PullResult
 from equeue_core.errors import MessageNotFoundError
-from equeue_core.kv import keys, queries
-from equeue_core.record import HEADER_SIZE, INDEX_ENTRY, INDEX_ENTRY_SIZE, OFF_POSITION, verify
+from equeue_core.kv import chunks, keys, queries
+from equeue_core.record import INDEX_ENTRY, INDEX_ENTRY_SIZE
 
 from .database import SharedDb
-
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
 
 
 class View:
@@ -90,37 +86,19 @@ class View:
         return INDEX_ENTRY.unpack(raw)
 
     def records(self, positions: Sequence[int]) -> list[bytes | None]:
-        """The record starting at each (ascending) position, sliced from its chunk; None where no
-        chunk holds that position. One iterator, one floor seek per chunk touched."""
+        """The record starting at each (ascending) position (chunks.slice_records), one iterator."""
         it = self.log.iter()
-        out: list[bytes | None] = []
-        start = end = -1
-        value = b""
-        for p in positions:
-            if not start <= p < end:
-                it.seek_for_prev(keys.log_key(p))
-                if not it.valid():
-                    out.append(None)
-                    continue
-                start = keys.position_of(it.key())
-                value = it.value()
-                end = start + len(value)
-                if p >= end:
-                    out.append(None)
-                    continue
-            i = p - start
-            if end - p < HEADER_SIZE:
-                out.append(None)
-                continue
-            out.append(value[i:i + _U32.unpack_from(value, i)[0]])
-        return out
+
+        def floor_chunk(p: int) -> tuple[int, bytes] | None:
+            it.seek_for_prev(keys.log_key(p))
+            if not it.valid():
+                return None
+            return keys.position_of(it.key()), it.value()
+
+        return chunks.slice_records(positions, floor_chunk)
 
     def record(self, position: int) -> bytes:
-        rec = self.records([position])[0]
-        if rec is None or len(rec) < HEADER_SIZE or _U64.unpack_from(rec, OFF_POSITION)[0] != position:
-            raise MessageNotFoundError(f"no record at position {position}")
-        verify(rec)
-        return rec
+        return chunks.checked_record(self.records([position])[0], position)
 
     def pull(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int,
              tag_hashes: frozenset[int] | None, bounds: tuple[int, int] | None = None) -> PullResult:
