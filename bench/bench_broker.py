@@ -174,24 +174,31 @@ def role_redis(port: int, count: int, size: int) -> dict:
     return {"produce_msgs_per_s": count / produce, "consume_msgs_per_s": got / consume}
 
 
-def run_redis(count: int, size: int) -> dict | None:
-    if not redis_available():
-        emit({"bench": "peer", "peer": "redis", "skipped": "redis-server or redis-py not installed"})
-        return None
+def run_peer(peer: str, role: str, server_cmd: list[str], settle_s: float, count: int, size: int) -> dict:
+    """Start a peer server on a free loopback port with a fresh data dir ({port} and {dir} in
+    server_cmd are filled in), run its client role in a child process, stop it, clean up."""
     port = free_port()
-    d = tempfile.mkdtemp(prefix="redis-bench-")
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", d,
-                             "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    d = tempfile.mkdtemp(prefix=f"{role}-bench-")
+    cmd = [part.format(port=port, dir=d) for part in server_cmd]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        time.sleep(0.5)
-        res = _child(["redis", str(port), str(count), str(size)])
-        emit({"bench": "peer", "peer": "redis-streams", "size": size, **res})
+        time.sleep(settle_s)
+        res = _child([role, str(port), str(count), str(size)])
+        emit({"bench": "peer", "peer": peer, "size": size, **res})
         return res
     finally:
         proc.terminate()
         proc.wait(10)
         shutil.rmtree(d, ignore_errors=True)
+
+
+def run_redis(count: int, size: int) -> dict | None:
+    if not redis_available():
+        emit({"bench": "peer", "peer": "redis-streams", "skipped": "redis-server or redis-py not installed"})
+        return None
+    return run_peer("redis-streams", "redis",
+                    ["redis-server", "--port", "{port}", "--bind", "127.0.0.1", "--dir", "{dir}",
+                     "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""], 0.5, count, size)
 
 
 def nats_available() -> bool:
@@ -236,19 +243,8 @@ def run_nats(count: int, size: int) -> dict | None:
     if not nats_available():
         emit({"bench": "peer", "peer": "nats-jetstream", "skipped": "nats-server or nats-py not installed"})
         return None
-    port = free_port()
-    d = tempfile.mkdtemp(prefix="nats-bench-")
-    proc = subprocess.Popen(["nats-server", "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", d],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(0.8)
-        res = _child(["nats", str(port), str(count), str(size)])
-        emit({"bench": "peer", "peer": "nats-jetstream", "size": size, **res})
-        return res
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        shutil.rmtree(d, ignore_errors=True)
+    return run_peer("nats-jetstream", "nats",
+                    ["nats-server", "-a", "127.0.0.1", "-p", "{port}", "-js", "-sd", "{dir}"], 0.8, count, size)
 
 
 # ---------------------------------------------------------------- orchestration
