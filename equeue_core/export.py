@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from equeue_core import msgid
@@ -151,8 +151,3 @@ def read_broker_info(data_dir: str) -> dict[str, Any]:
 def broker_address_of(data_dir: str) -> tuple[str, int]:
     info = read_broker_info(data_dir)
     return str(info.get("host", "0.0.0.0")), int(info.get("port", 0))
-
-
-def split_ranges(start: int, end: int, slice_size: int) -> Sequence[tuple[int, int]]:
-    """[start, end) cut into slices of at most slice_size offsets (one Spark partition each)."""
-    return [(s, min(s + slice_size, end)) for s in range(start, end, max(1, slice_size))] or []

@@ -153,11 +153,6 @@ def scan(buf: bytes | bytearray | memoryview, start: int = 0, end: int | None = 
     return starts
 
 
-def seal(buf: bytearray | memoryview, start: int, size: int) -> None:
-    """Compute and write the crc of the record at start (after stamping)."""
-    _U32.pack_into(buf, start + OFF_CRC, crc32c(memoryview(buf)[start + CRC_FROM:start + size]))
-
-
 def stamp_batch(
     buf: bytearray,
     starts: Sequence[int],
@@ -166,7 +161,7 @@ def stamp_batch(
     queue_id: int,
     store_ts: int,
 ) -> None:
-    """Stamp position, queue offset, queue id and store time into each record, then seal it.
+    """Stamp position, queue offset, queue id and store time into each record, then compute its crc.
 
     Stores call this under their single writer, after choosing positions and queue offsets.
     """

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from equeue_core import export
 from equeue_core.errors import EQueueError, PluginError
 from equeue_core.export import read_broker_info
 
@@ -21,8 +22,7 @@ DEFAULT_MAX_OFFSETS_PER_PARTITION = 1_000_000
 DEFAULT_BATCH_ROWS = 65536
 STORE_OPTION_PREFIX = "store."
 
-COLUMNS = ("topic", "queue_id", "queue_offset", "msg_id", "tag", "keys", "properties",
-           "body", "born_ts", "store_ts")
+COLUMNS = export.COLUMNS  # the kernel's export layout is the schema
 
 
 class EQueueSparkError(EQueueError):

@@ -234,6 +234,3 @@ class Scheduler:
         await self.broker.durable(result)
         return frame.response({"topic": where})
 
-    def wake(self) -> None:
-        self._wake.set()
-
