@@ -4,7 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test install install-all lint bench clean
+.PHONY: run test install install-all system-deps lint bench clean
+
+# Debian packages the suite drives (package or package:command); installed by `make test` if missing.
+DEBIAN_TEST_PACKAGES := strace
 
 $(VENV)/.base: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,10 +22,13 @@ $(VENV)/.all: $(VENV)/.base
 install: $(VENV)/.base
 install-all: $(VENV)/.all
 
+system-deps:
+	tools/debian-packages.sh $(DEBIAN_TEST_PACKAGES)
+
 run: $(VENV)/.base
 	$(VENV)/bin/equeue broker
 
-test: $(VENV)/.all
+test: $(VENV)/.all system-deps
 	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
