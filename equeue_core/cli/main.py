@@ -60,7 +60,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from equeue_core.broker.broker import Broker
 
     overrides = {"data_dir": args.data_dir, "host": args.host, "port": args.port, "flush": args.flush,
-                 "store": args.store, "transport": args.transport}
+                 "store": args.store, "transport": args.transport, "metrics_host": args.metrics_host,
+                 "metrics_port": args.metrics_port}
     cfg = config_mod.load(args.config, overrides)
     logging.basicConfig(level=os.environ.get("EQUEUE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -76,6 +77,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
         print(f"equeue broker listening on {cfg.transport}://{broker.address[0]}:{broker.address[1]}", flush=True)
         print(f"  data dir  {os.path.abspath(cfg.data_dir)}", flush=True)
         print(f"  plugins   store={cfg.store} transport={cfg.transport} flush={cfg.flush}", flush=True)
+        if broker.metrics_address:
+            print(f"  metrics   http://{broker.metrics_address[0]}:{broker.metrics_address[1]}/metrics", flush=True)
         print(f"  recovery  {'clean' if rec.clean else 'after crash'}"
               f" truncated_bytes={rec.truncated_bytes} rebuilt_entries={rec.rebuilt_entries}", flush=True)
         try:
@@ -292,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--flush", choices=["sync", "async"])
     b.add_argument("--store", help="store plugin name (file, lmdb, rocksdb)")
     b.add_argument("--transport", help="transport plugin name (tcp, zmq)")
+    b.add_argument("--metrics-host", help="address of the Prometheus endpoint (default 127.0.0.1)")
+    b.add_argument("--metrics-port", type=int, help="port of the Prometheus endpoint (default 10913, 0 = off)")
     b.set_defaults(fn=cmd_broker)
 
     pr = sub.add_parser("produce", help="send messages (--count N --size S, or lines from stdin)")

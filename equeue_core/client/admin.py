@@ -32,6 +32,12 @@ class AsyncAdminClient:
     async def broker_info(self) -> dict[str, Any]:
         return await self.request(Code.BROKER_INFO)
 
+    async def stats(self) -> dict[str, Any]:
+        """The broker's operating figures (BROKER_STATS): counters per topic, lag per group and
+        queue, held pulls, connections, disk, latency histograms, recovery. The same snapshot the
+        Prometheus endpoint renders; docs/operations.md describes each figure."""
+        return await self.request(Code.BROKER_STATS)
+
     async def create_topic(self, topic: str, queues: int | None = None) -> int:
         h = {"topic": topic} if queues is None else {"topic": topic, "queues": queues}
         return (await self.request(Code.CREATE_TOPIC, h))["queues"]
