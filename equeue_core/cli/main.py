@@ -17,40 +17,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from equeue_core.cli.progress import ProgressReport
 from equeue_core.errors import EQueueError
 
 DEFAULT_BROKER = "127.0.0.1:10911"
-
-
-class Progress:
-    """A one-line progress display on stderr (only when stderr is a terminal, or forced)."""
-
-    def __init__(self, total: int | None, label: str, enabled: bool | None = None) -> None:
-        self.total = total
-        self.label = label
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.start = time.monotonic()
-        self._last = 0.0
-
-    def update(self, done: int, force: bool = False) -> None:
-        now = time.monotonic()
-        if not self.enabled or (not force and now - self._last < 0.2):
-            return
-        self._last = now
-        rate = done / max(1e-9, now - self.start)
-        if self.total:
-            width = 30
-            filled = int(width * done / self.total)
-            bar = "#" * filled + "-" * (width - filled)
-            sys.stderr.write(f"\r{self.label} [{bar}] {done}/{self.total} {rate:,.0f}/s")
-        else:
-            sys.stderr.write(f"\r{self.label} {done} {rate:,.0f}/s")
-        sys.stderr.flush()
-
-    def finish(self, done: int) -> None:
-        if self.enabled:
-            self.update(done, force=True)
-            sys.stderr.write("\n")
 
 
 # ---------------------------------------------------------------- broker
@@ -110,15 +80,16 @@ def cmd_produce(args: argparse.Namespace) -> int:
     with Producer(args.broker) as producer:
         if args.count is not None:
             body = b"x" * args.size
-            progress = Progress(args.count, f"produce {args.topic}", args.progress)
+            progress = ProgressReport(args.count, f"produce {args.topic}", enabled=args.progress)
             batch = max(1, min(args.batch, args.count))
             while sent < args.count:
                 n = min(batch, args.count - sent)
                 producer.send_batch([Message(args.topic, body, tag=args.tag) for _ in range(n)])
                 sent += n
                 progress.update(sent)
-            progress.finish(sent)
+            progress.finish()
         else:
+            progress = ProgressReport(None, f"produce {args.topic}", enabled=args.progress)
             futures = []
             for line in sys.stdin:
                 futures.append(producer.send_async(Message(args.topic, line.rstrip("\n").encode(), tag=args.tag)))
@@ -127,9 +98,12 @@ def cmd_produce(args: argparse.Namespace) -> int:
                         f.result()
                     sent += len(futures)
                     futures.clear()
+                    progress.update(sent)
             for f in futures:
                 f.result()
             sent += len(futures)
+            progress.update(sent)
+            progress.finish()
     print(f"sent {sent} messages to {args.topic}", file=sys.stderr)
     return 0
 
@@ -140,7 +114,9 @@ def cmd_consume(args: argparse.Namespace) -> int:
     done = threading.Event()
     lock = threading.Lock()
     count = 0
-    progress = Progress(args.count, f"consume {args.topic}", args.progress if args.quiet else False)
+    # A bar only where it cannot mix with the printed messages: --quiet, or stdout redirected.
+    quiet_stdout = args.quiet or not sys.stdout.isatty()
+    progress = ProgressReport(args.count, f"consume {args.topic}", enabled=args.progress if quiet_stdout else False)
 
     def handler(m: Any) -> None:
         nonlocal count
@@ -152,8 +128,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         if not args.quiet:
             body = m.body.decode("utf-8", "replace")
             print(f"{m.topic}\t{m.queue_id}\t{m.queue_offset}\t{m.tag or ''}\t{body}", flush=True)
-        else:
-            progress.update(c)
+        progress.update(c)
         if args.count is not None and c >= args.count:
             done.set()
 
@@ -170,7 +145,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         pass
     finally:
         consumer.close()
-    progress.finish(count)
+    progress.finish()
     if args.quiet:
         print(count)
     return 0 if args.count is None or count >= args.count else 2
@@ -260,6 +235,12 @@ def cmd_message(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stats(args: argparse.Namespace) -> int:
+    from equeue_core.cli.stats import run_stats
+
+    return run_stats(args.broker, args.interval, args.once, args.system)
+
+
 def cmd_plugins(args: argparse.Namespace) -> int:
     from equeue_core.plugins import get_plugin_manager
 
@@ -306,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--size", type=int, default=100)
     pr.add_argument("--batch", type=int, default=1000)
     pr.add_argument("--tag")
-    pr.add_argument("--progress", action="store_true", default=None)
+    pr.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress on stderr (default: a bar on a terminal, a line every 5 s otherwise)")
     pr.set_defaults(fn=cmd_produce)
 
     c = sub.add_parser("consume", help="print (or count) messages of a topic")
@@ -318,7 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--start", choices=["first", "last"], default="first")
     c.add_argument("--timeout", type=float, help="give up after this many seconds")
     c.add_argument("--quiet", action="store_true", help="count instead of printing")
-    c.add_argument("--progress", action="store_true", default=None)
+    c.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress on stderr with --quiet or redirected stdout (default: as for produce)")
     c.set_defaults(fn=cmd_consume)
 
     t = sub.add_parser("topics", help="list, create or delete topics")
@@ -347,6 +330,14 @@ def build_parser() -> argparse.ArgumentParser:
     ms.add_argument("--count", type=int, default=32, help="most messages to show for a key")
     ms.add_argument("--broker", default=DEFAULT_BROKER)
     ms.set_defaults(fn=cmd_message)
+
+    st = sub.add_parser("stats", help="live view of a broker: rates per topic, lag per group, latency, disk")
+    st.add_argument("--broker", default=DEFAULT_BROKER)
+    st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    st.add_argument("--once", action="store_true",
+                    help="print one view (rates over one interval) and exit; the default off a terminal")
+    st.add_argument("--system", action="store_true", help="include %%RETRY%%, %%DLQ%% and schedule topics")
+    st.set_defaults(fn=cmd_stats)
 
     pl = sub.add_parser("plugins", help="installed plugins per hook")
     pl.set_defaults(fn=cmd_plugins)
