@@ -179,11 +179,11 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 def cmd_groups(args: argparse.Namespace) -> int:
     from equeue_core.client import AdminClient
+    from equeue_core.client.admin import reset_target
 
     with AdminClient(args.broker) as admin:
         if args.action == "reset":
-            to: str | int = args.to if args.to in ("earliest", "latest") else int(args.to)
-            for t, q, off in admin.reset_offsets(args.group, args.topic, to):
+            for t, q, off in admin.reset_offsets(args.group, args.topic, reset_target(args.to)):
                 print(f"{t}\t{q}\t{off}")
         elif args.action == "dlq":
             msgs = admin.dlq_messages(args.group, 0, args.count)
@@ -239,6 +239,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from equeue_core.cli.stats import run_stats
 
     return run_stats(args.broker, args.interval, args.once, args.system)
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    from equeue_core.console.server import serve
+
+    _run_loop(serve(args.broker, args.host, args.port, args.sample_interval))
+    return 0
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -316,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("action", nargs="?", choices=["show", "reset", "dlq", "resend"], default="show")
     g.add_argument("group", nargs="?")
     g.add_argument("--topic")
-    g.add_argument("--to", help="earliest, latest or a timestamp in ms (reset)")
+    g.add_argument("--to", help="earliest, latest, epoch ms or an ISO date/time, UTC by default (reset)")
     g.add_argument("--count", type=int, default=100)
     g.add_argument("--msg-ids", nargs="*")
     g.add_argument("--json", action="store_true")
@@ -338,6 +345,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print one view (rates over one interval) and exit; the default off a terminal")
     st.add_argument("--system", action="store_true", help="include %%RETRY%%, %%DLQ%% and schedule topics")
     st.set_defaults(fn=cmd_stats)
+
+    co = sub.add_parser("console", help="web console: topics, groups and lag, messages, DLQ re-send, resets")
+    co.add_argument("--broker", default=DEFAULT_BROKER, help="the broker to show (a name server later)")
+    co.add_argument("--host", default="127.0.0.1", help="address the console serves on (default 127.0.0.1)")
+    co.add_argument("--port", type=int, default=8080, help="port the console serves on (default 8080)")
+    co.add_argument("--sample-interval", type=float, default=5.0,
+                    help="seconds between the lag samples behind the charts and rates (default 5)")
+    co.set_defaults(fn=cmd_console)
 
     pl = sub.add_parser("plugins", help="installed plugins per hook")
     pl.set_defaults(fn=cmd_plugins)
