@@ -45,6 +45,7 @@ class Config:
     max_reconsume_times: int = 16
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 10913
+    log_format: str = "text"
     store_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def store_settings_options(self) -> dict[str, Any]:
@@ -86,6 +87,8 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"config flush: {cfg.flush!r} must be 'async' or 'sync'")
     if not 0 <= cfg.port <= 65535:
         raise ConfigError(f"config port: {cfg.port} is not a TCP port")
+    if cfg.log_format not in ("text", "json"):
+        raise ConfigError(f"config log_format: {cfg.log_format!r} must be 'text' or 'json'")
     if not 0 <= cfg.metrics_port <= 65535:
         raise ConfigError(f"config metrics_port: {cfg.metrics_port} is not a TCP port (0 turns metrics off)")
     for name in ("flush_interval_ms", "max_body_size", "max_frame_size", "default_queues",

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from equeue_core import logs
 from equeue_core.cli.progress import ProgressReport
 from equeue_core.errors import EQueueError
 
@@ -31,10 +32,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
     overrides = {"data_dir": args.data_dir, "host": args.host, "port": args.port, "flush": args.flush,
                  "store": args.store, "transport": args.transport, "metrics_host": args.metrics_host,
-                 "metrics_port": args.metrics_port}
+                 "metrics_port": args.metrics_port, "log_format": args.log_format}
     cfg = config_mod.load(args.config, overrides)
-    logging.basicConfig(level=os.environ.get("EQUEUE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(cfg.log_format)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -43,23 +43,49 @@ def cmd_broker(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         broker = Broker(cfg)
         await broker.start()
+        _log_recovery(broker)
         rec = broker.recovery
-        print(f"equeue broker listening on {cfg.transport}://{broker.address[0]}:{broker.address[1]}", flush=True)
-        print(f"  data dir  {os.path.abspath(cfg.data_dir)}", flush=True)
-        print(f"  plugins   store={cfg.store} transport={cfg.transport} flush={cfg.flush}", flush=True)
-        if broker.metrics_address:
-            print(f"  metrics   http://{broker.metrics_address[0]}:{broker.metrics_address[1]}/metrics", flush=True)
-        print(f"  recovery  {'clean' if rec.clean else 'after crash'}"
-              f" truncated_bytes={rec.truncated_bytes} rebuilt_entries={rec.rebuilt_entries}", flush=True)
+        address = f"{cfg.transport}://{broker.address[0]}:{broker.address[1]}"
+        metrics = (f"http://{broker.metrics_address[0]}:{broker.metrics_address[1]}/metrics"
+                   if broker.metrics_address else None)
+        if cfg.log_format == "json":
+            logs.announce("json", f"equeue broker listening on {address}", address=address,
+                          data_dir=os.path.abspath(cfg.data_dir), store=cfg.store, transport=cfg.transport,
+                          flush=cfg.flush, metrics=metrics, recovery_clean=rec.clean)
+        else:
+            print(f"equeue broker listening on {address}", flush=True)
+            print(f"  data dir  {os.path.abspath(cfg.data_dir)}", flush=True)
+            print(f"  plugins   store={cfg.store} transport={cfg.transport} flush={cfg.flush}", flush=True)
+            if metrics:
+                print(f"  metrics   {metrics}", flush=True)
+            print(f"  recovery  {'clean' if rec.clean else 'after crash'}"
+                  f" truncated_bytes={rec.truncated_bytes} rebuilt_entries={rec.rebuilt_entries}", flush=True)
         try:
             await stop.wait()
         finally:
-            print("equeue broker stopping: flushing and persisting offsets", flush=True)
+            logs.announce(cfg.log_format, "equeue broker stopping: flushing and persisting offsets")
             await broker.stop()
-            print("equeue broker stopped", flush=True)
+            logs.announce(cfg.log_format, "equeue broker stopped")
 
     _run_loop(main())
     return 0
+
+
+def _log_recovery(broker: Any) -> None:
+    """Say what opening the store did, every field of its RecoveryReport (structured in JSON logs)."""
+    rec = broker.recovery
+    fields = {"clean": rec.clean, "truncated_bytes": rec.truncated_bytes, "rebuilt_entries": rec.rebuilt_entries,
+              "records": rec.records, "notes": list(rec.notes),
+              "seconds": round(broker.metrics.recovery_seconds, 6)}
+    if rec.clean:
+        text = f"recovery: the last stop was clean; store opened in {fields['seconds']:.3f}s"
+    else:
+        text = (f"recovery after a crash: truncated {rec.truncated_bytes} bytes of torn records, rebuilt "
+                f"{rec.rebuilt_entries} index entries, scanned {rec.records} records in {fields['seconds']:.3f}s")
+    if rec.notes:
+        text += "; " + "; ".join(rec.notes)
+    logging.getLogger("equeue.broker").log(logging.INFO if rec.clean else logging.WARNING, text,
+                                           extra={"recovery": fields})
 
 
 def _run_loop(coro: Any) -> None:
@@ -244,6 +270,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_console(args: argparse.Namespace) -> int:
     from equeue_core.console.server import serve
 
+    logs.configure(args.log_format)
     _run_loop(serve(args.broker, args.host, args.port, args.sample_interval))
     return 0
 
@@ -283,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--flush", choices=["sync", "async"])
     b.add_argument("--store", help="store plugin name (file, lmdb, rocksdb)")
     b.add_argument("--transport", help="transport plugin name (tcp, zmq)")
+    b.add_argument("--log-format", choices=["text", "json"], help="log lines as text (default) or JSON")
     b.add_argument("--metrics-host", help="address of the Prometheus endpoint (default 127.0.0.1)")
     b.add_argument("--metrics-port", type=int, help="port of the Prometheus endpoint (default 10913, 0 = off)")
     b.set_defaults(fn=cmd_broker)
@@ -352,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--port", type=int, default=8080, help="port the console serves on (default 8080)")
     co.add_argument("--sample-interval", type=float, default=5.0,
                     help="seconds between the lag samples behind the charts and rates (default 5)")
+    co.add_argument("--log-format", choices=["text", "json"], default="text", help="log lines as text or JSON")
     co.set_defaults(fn=cmd_console)
 
     pl = sub.add_parser("plugins", help="installed plugins per hook")

@@ -33,8 +33,9 @@ async def serve(broker: str, host: str, port: int, sample_interval: float = 5.0)
 
     sock = bind(host, port)
     address = sock.getsockname()[:2]
-    config = uvicorn.Config(create_app(broker, sample_interval), log_level="warning", lifespan="on",
-                            access_log=False)
+    # log_config=None: uvicorn's loggers go through ours (text or JSON, equeue_core.logs).
+    config = uvicorn.Config(create_app(broker, sample_interval), log_config=None, log_level="warning",
+                            lifespan="on", access_log=False)
     server = uvicorn.Server(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     while not server.started and not task.done():
