@@ -84,7 +84,7 @@ def test_stats_in_a_terminal_shows_the_table_and_refreshes_while_a_producer_runs
     producer.start()
     tmux = Tmux(_equeue("stats", "--broker", file_broker.address, "--interval", "0.5"))
     try:
-        first = tmux.wait_for(r"orders\s+4\s+[\d,]+\s+\d+.*[1-9][\d,]*\s+0\s*$|orders\s+4\s+[1-9]")
+        first = tmux.wait_for(r"(?m)^\s*orders\s+4\s")
         assert "topics" in first and "consumer groups" in first and "latency" in first
         assert "broker 127.0.0.1:" in first and "disk free" in first
         before = _stored(first, "orders")
