@@ -137,3 +137,17 @@ def test_progress_off_a_terminal_is_a_plain_line_with_the_rate():
     quiet = io.StringIO()
     ProgressReport(1000, "x", enabled=None, stream=quiet).update(10)  # a short run stays quiet
     assert quiet.getvalue() == ""
+
+
+def test_consume_quiet_in_a_terminal_draws_a_progress_bar_with_its_rate(file_broker):
+    with Producer(file_broker.address) as p:
+        for _ in range(20):
+            p.send_batch([Message("drain", b"x" * 32) for _ in range(1000)])
+    tmux = Tmux(_equeue("consume", "--broker", file_broker.address, "--topic", "drain", "--group", "d",
+                        "--count", "20000", "--quiet"))
+    try:
+        screen = tmux.wait_for(r"consume drain.*/20000 msgs.*[\d,]+/s", timeout=120)
+        assert "━" in screen  # the bar itself
+        tmux.wait_for(r"(?m)^20000$", timeout=120)  # --quiet prints the count at the end
+    finally:
+        tmux.close()

@@ -56,7 +56,7 @@ class ProgressReport:
         if self.total is not None:
             columns += [BarColumn(), MofNCompleteColumn(), TextColumn(self.unit), TaskProgressColumn()]
         else:
-            columns += [TextColumn("{task.completed:,}"), TextColumn(self.unit)]
+            columns += [TextColumn("{task.completed:,.0f}"), TextColumn(self.unit)]
         columns += [TextColumn("[cyan]{task.fields[rate]}"),
                     TextColumn("{task.fields[extra]}"), TimeElapsedColumn()]
         if self.total is not None:
