@@ -27,7 +27,7 @@ def shots(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory):
+def web_broker(tmp_path_factory):
     b = BrokerProcess(tmp_path_factory.mktemp("broker") / "data").start()
     try:
         yield b
@@ -36,8 +36,8 @@ def broker(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def console(broker, tmp_path_factory):
-    c = ConsoleProcess(broker.address, tmp_path_factory.mktemp("console"), sample_interval=1.0).start()
+def console(web_broker, tmp_path_factory):
+    c = ConsoleProcess(web_broker.address, tmp_path_factory.mktemp("console"), sample_interval=1.0).start()
     try:
         yield c
     finally:
@@ -59,8 +59,8 @@ def wait(driver, timeout: float = 30.0) -> WebDriverWait:
     return WebDriverWait(driver, timeout, poll_frequency=0.2)
 
 
-def test_topics_page_lists_a_topic_just_created(broker, console, browser, shots):
-    with AdminClient(broker.address) as admin:
+def test_topics_page_lists_a_topic_just_created(web_broker, console, browser, shots):
+    with AdminClient(web_broker.address) as admin:
         admin.create_topic("fresh-orders", 3)
     browser.get(console.url + "/topics")
     row = wait(browser).until(EC.presence_of_element_located((By.CSS_SELECTOR, 'tr[data-topic="fresh-orders"]')))
@@ -71,7 +71,7 @@ def test_topics_page_lists_a_topic_just_created(broker, console, browser, shots)
     wait(browser).until(EC.presence_of_element_located((By.ID, "queues")))
     assert len(browser.find_elements(By.CSS_SELECTOR, "#queues tbody tr")) == 3
     browser.get(console.url + "/")
-    assert broker.address.split("://")[1] in browser.find_element(By.ID, "brokers").text
+    assert web_broker.address.split("://")[1] in browser.find_element(By.ID, "brokers").text
     save_screenshot(browser, shots, "console-overview")
 
 
@@ -79,12 +79,12 @@ def _total_lag(browser) -> int:
     return int(browser.find_element(By.ID, "total-lag").text)
 
 
-def test_group_page_shows_lag_falling_as_a_consumer_runs(broker, console, browser, shots):
+def test_group_page_shows_lag_falling_as_a_consumer_runs(web_broker, console, browser, shots):
     n = 3000
-    with Producer(broker.address) as p:
+    with Producer(web_broker.address) as p:
         for i in range(0, n, 500):
             p.send_batch([Message("work", f"job {j}".encode()) for j in range(i, i + 500)])
-    with AdminClient(broker.address) as admin:
+    with AdminClient(web_broker.address) as admin:
         admin.reset_offsets("workers", "work", "earliest")  # the group exists, nothing consumed: lag = n
     browser.get(console.url + "/groups/workers")
     wait(browser).until(lambda d: _total_lag(d) == n)
@@ -94,7 +94,7 @@ def test_group_page_shows_lag_falling_as_a_consumer_runs(broker, console, browse
         time.sleep(0.003)  # slow enough that the lag visibly falls over several samples
         seen(m)
 
-    consumer = Consumer("workers", broker.address, consume_from="first", threads=1, commit_interval=0.5)
+    consumer = Consumer("workers", web_broker.address, consume_from="first", threads=1, commit_interval=0.5)
     consumer.subscribe("work")
     consumer.start(slow)
     try:
@@ -111,9 +111,9 @@ def test_group_page_shows_lag_falling_as_a_consumer_runs(broker, console, browse
         consumer.close()
 
 
-def test_message_found_by_key_shows_its_body(broker, console, browser, shots):
+def test_message_found_by_key_shows_its_body(web_broker, console, browser, shots):
     body = {"order": 42, "item": "a book", "lines": [1, 2, 3]}
-    with Producer(broker.address) as p:
+    with Producer(web_broker.address) as p:
         sent = p.send(Message("orders", json.dumps(body).encode(), tag="created", keys=["order-42"]))
     browser.get(console.url + "/messages")
     form = browser.find_element(By.ID, "by-key")
@@ -132,7 +132,7 @@ def test_message_found_by_key_shows_its_body(broker, console, browser, shots):
     assert "order-42" in browser.find_element(By.CSS_SELECTOR, "article.message").text
 
 
-def test_dlq_message_resent_from_the_page_reaches_its_consumer(broker, console, browser, shots):
+def test_dlq_message_resent_from_the_page_reaches_its_consumer(web_broker, console, browser, shots):
     failing = threading.Event()
     failing.set()
     got = Collector(1)
@@ -143,14 +143,14 @@ def test_dlq_message_resent_from_the_page_reaches_its_consumer(broker, console, 
         if m.body == b"poison":
             got(m)
 
-    with Producer(broker.address) as p:
+    with Producer(web_broker.address) as p:
         p.send_batch([Message("pay", b"fine"), Message("pay", b"poison", keys=["p-1"])])
-    consumer = Consumer("payers", broker.address, consume_from="first", max_reconsume_times=0,
+    consumer = Consumer("payers", web_broker.address, consume_from="first", max_reconsume_times=0,
                         commit_interval=0.5)
     consumer.subscribe("pay")
     consumer.start(handler)
     try:
-        with AdminClient(broker.address) as admin:
+        with AdminClient(web_broker.address) as admin:
             deadline = time.monotonic() + 60
             while not admin.dlq_messages("payers") and time.monotonic() < deadline:
                 time.sleep(0.2)
@@ -172,10 +172,10 @@ def test_dlq_message_resent_from_the_page_reaches_its_consumer(broker, console, 
         consumer.close()
 
 
-def test_reset_to_earliest_asks_for_confirmation_then_moves_the_offsets(broker, console, browser, shots):
-    with Producer(broker.address) as p:
+def test_reset_to_earliest_asks_for_confirmation_then_moves_the_offsets(web_broker, console, browser, shots):
+    with Producer(web_broker.address) as p:
         p.send_batch([Message("audit", f"a{i}".encode()) for i in range(40)])
-    with AdminClient(broker.address) as admin:
+    with AdminClient(web_broker.address) as admin:
         admin.reset_offsets("auditors", "audit", "latest")
     browser.get(console.url + "/groups/auditors")
     wait(browser).until(lambda d: _total_lag(d) == 0)
@@ -184,11 +184,11 @@ def test_reset_to_earliest_asks_for_confirmation_then_moves_the_offsets(broker, 
     form.find_element(By.TAG_NAME, "button").click()
     confirm = wait(browser).until(EC.presence_of_element_located((By.ID, "confirm-reset")))
     assert browser.find_element(By.ID, "reset-target").text == "earliest"
-    with AdminClient(broker.address) as admin:  # nothing moved before the confirmation
+    with AdminClient(web_broker.address) as admin:  # nothing moved before the confirmation
         assert sum(r["lag"] for r in admin.groups("auditors")["auditors"]["queues"]) == 0
     save_screenshot(browser, shots, "console-reset-confirm")
     confirm.click()
     wait(browser).until(EC.presence_of_element_located((By.ID, "notice")))
     wait(browser).until(lambda d: _total_lag(d) == 40)
-    with AdminClient(broker.address) as admin:
+    with AdminClient(web_broker.address) as admin:
         assert sum(r["lag"] for r in admin.groups("auditors")["auditors"]["queues"]) == 40
