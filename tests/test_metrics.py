@@ -156,3 +156,12 @@ def test_metrics_port_zero_serves_no_endpoint(tmp_path):
             assert "topics" in admin.stats()
     finally:
         b.stop()
+
+
+def test_delayed_messages_show_as_scheduler_backlog(metrics_broker):
+    with Producer(metrics_broker.address) as p:
+        for _ in range(3):
+            p.send(Message("later", b"x", delay_level=18))  # due in 2 h
+    m = scrape(metrics_broker.metrics_port)
+    assert value(m["equeue_scheduled_messages"], "equeue_scheduled_messages") == 3
+    assert value(m["equeue_messages_in"], "equeue_messages_in_total", topic="%SCHEDULE%") == 3
