@@ -43,6 +43,9 @@ class Config:
     disk_high_water: float = 0.85
     delay_levels: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     max_reconsume_times: int = 16
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 10913
+    log_format: str = "text"
     store_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def store_settings_options(self) -> dict[str, Any]:
@@ -84,6 +87,10 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"config flush: {cfg.flush!r} must be 'async' or 'sync'")
     if not 0 <= cfg.port <= 65535:
         raise ConfigError(f"config port: {cfg.port} is not a TCP port")
+    if cfg.log_format not in ("text", "json"):
+        raise ConfigError(f"config log_format: {cfg.log_format!r} must be 'text' or 'json'")
+    if not 0 <= cfg.metrics_port <= 65535:
+        raise ConfigError(f"config metrics_port: {cfg.metrics_port} is not a TCP port (0 turns metrics off)")
     for name in ("flush_interval_ms", "max_body_size", "max_frame_size", "default_queues",
                  "long_poll_ms", "pull_batch", "offset_persist_ms"):
         if getattr(cfg, name) <= 0:

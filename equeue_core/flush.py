@@ -14,9 +14,19 @@ import heapq
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
+
+_flush_observers: list[Callable[[float], None]] = []
+
+
+def observe_flushes(fn: Callable[[float], None]) -> Callable[[], None]:
+    """Call fn(seconds) after every flush round of every Flusher in this process (the broker's
+    metrics time the store's fsyncs this way, whatever the store plugin). Returns a remover."""
+    _flush_observers.append(fn)
+    return lambda: _flush_observers.remove(fn)
 
 
 class Flusher:
@@ -71,6 +81,7 @@ class Flusher:
 
     def _flush_once(self) -> None:
         try:
+            started = time.perf_counter()
             flushed = self._flush_fn()
         except BaseException as e:  # disk errors must reach every waiter, not kill silently
             log.exception("flush failed")
@@ -81,6 +92,7 @@ class Flusher:
                 if not fut.done():
                     fut.set_exception(e)
             return
+        elapsed = time.perf_counter() - started
         self.flushed = max(self.flushed, flushed)
         done = []
         with self._cond:
@@ -89,6 +101,8 @@ class Flusher:
         for fut in done:
             if not fut.done():
                 fut.set_result(None)
+        for observe in _flush_observers:  # after the waiters: timing never delays a sync send
+            observe(elapsed)
 
     def stop(self) -> None:
         """Flush what is written, resolve waiters, and end the thread."""

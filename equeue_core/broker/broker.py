@@ -19,6 +19,7 @@ from equeue_core import frame as framing
 from equeue_core import msgid, record
 from equeue_core.broker.groups import GroupRegistry
 from equeue_core.broker.long_poll import PullHold
+from equeue_core.broker.metrics import BrokerMetrics
 from equeue_core.broker.retention import RetentionCleaner
 from equeue_core.broker.schedule import Scheduler
 from equeue_core.broker.topics import DLQ_PREFIX, RETRY_PREFIX, TopicRegistry, check_topic_name
@@ -79,7 +80,9 @@ class Broker:
                                  options=cfg.store_settings_options())
         index = self.plugins.queue_index(cfg.store)(settings)
         self.store = self.plugins.message_store(cfg.store)(settings, index)
+        opened = time.perf_counter()
         self.recovery = self.store.open()
+        self.metrics = BrokerMetrics(self, recovery_seconds=time.perf_counter() - opened)
         self.offsets = self.plugins.offset_store(cfg.store)(settings)
         self.topics = TopicRegistry(self.offsets, cfg.default_queues, cfg.auto_create_topics)
         for topic, queues in self.store.queues().items():  # topics written before metadata was
@@ -94,6 +97,7 @@ class Broker:
         tsettings = TransportSettings(max_frame_size=cfg.max_frame_size,
                                       frame_read_timeout=cfg.frame_read_timeout_s)
         self._register_handlers()
+        self.metrics_address = self.metrics.start(cfg.metrics_host, cfg.metrics_port)
         self._server = await transport.serve(cfg.host, cfg.port, self, tsettings)
         self.address = tuple(self._server.address)[:2]  # type: ignore[assignment]
         self.id_prefix = msgid.encode_prefix(*self.address)
@@ -131,6 +135,7 @@ class Broker:
         self.hold.wake_all()
         if self._server is not None:
             await self._server.close()
+        await self.metrics.stop()
         self.offsets.persist()
         self.offsets.close()
         self.store.close()
@@ -179,6 +184,7 @@ class Broker:
         }
         self._handlers.update(self.groups.handlers())
         self._handlers.update(self.scheduler.handlers())
+        self._handlers.update(self.metrics.handlers())
 
     # ------------------------------------------------------------------ storing
 
@@ -187,6 +193,7 @@ class Broker:
         of send requests is store order."""
         result = self.store.append(topic, queue_id, batch, starts)
         self.stats["received"] += len(starts)
+        self.metrics.stored(topic, len(starts), len(batch))
         self.hold.notify(topic, queue_id)
         return result
 
@@ -195,6 +202,7 @@ class Broker:
             await asyncio.wrap_future(self.store.wait_flushed(result.end_position))
 
     async def on_send(self, conn: ServerConnection, frame: Frame) -> Frame | None:
+        arrived = time.perf_counter()
         h = frame.header
         topic = _str(h, "topic")
         queue_id = _int(h, "queue_id")
@@ -215,6 +223,7 @@ class Broker:
         else:
             result = self.append(topic, queue_id, batch, starts)
         await self.durable(result)
+        self.metrics.send_latency.observe(time.perf_counter() - arrived)
         if frame.is_oneway:
             return None
         return frame.response({"queue_id": queue_id, "first_offset": result.first_queue_offset,
@@ -234,6 +243,8 @@ class Broker:
                                "id_prefix": self.id_prefix})
 
     async def on_pull(self, conn: ServerConnection, frame: Frame) -> Frame:
+        arrived = time.perf_counter()
+        parked = 0.0
         h = frame.header
         topic = _str(h, "topic")
         queue_id = _int(h, "queue_id")
@@ -260,8 +271,11 @@ class Broker:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
+            parked_at = time.perf_counter()
             await self.hold.wait(topic, queue_id, remaining)
+            parked += time.perf_counter() - parked_at
         self.stats["pulled"] += res.count
+        self.metrics.pulled(topic, res.count, len(res.records), time.perf_counter() - arrived - parked)
         status = PullStatus.FOUND if res.count else PullStatus.NO_NEW
         return frame.response({"status": status, "next_offset": res.next_offset,
                                "min_offset": res.min_offset, "max_offset": res.max_offset,

@@ -17,40 +17,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from equeue_core import logs
+from equeue_core.cli.progress import ProgressReport
 from equeue_core.errors import EQueueError
 
 DEFAULT_BROKER = "127.0.0.1:10911"
-
-
-class Progress:
-    """A one-line progress display on stderr (only when stderr is a terminal, or forced)."""
-
-    def __init__(self, total: int | None, label: str, enabled: bool | None = None) -> None:
-        self.total = total
-        self.label = label
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.start = time.monotonic()
-        self._last = 0.0
-
-    def update(self, done: int, force: bool = False) -> None:
-        now = time.monotonic()
-        if not self.enabled or (not force and now - self._last < 0.2):
-            return
-        self._last = now
-        rate = done / max(1e-9, now - self.start)
-        if self.total:
-            width = 30
-            filled = int(width * done / self.total)
-            bar = "#" * filled + "-" * (width - filled)
-            sys.stderr.write(f"\r{self.label} [{bar}] {done}/{self.total} {rate:,.0f}/s")
-        else:
-            sys.stderr.write(f"\r{self.label} {done} {rate:,.0f}/s")
-        sys.stderr.flush()
-
-    def finish(self, done: int) -> None:
-        if self.enabled:
-            self.update(done, force=True)
-            sys.stderr.write("\n")
 
 
 # ---------------------------------------------------------------- broker
@@ -60,10 +31,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from equeue_core.broker.broker import Broker
 
     overrides = {"data_dir": args.data_dir, "host": args.host, "port": args.port, "flush": args.flush,
-                 "store": args.store, "transport": args.transport}
+                 "store": args.store, "transport": args.transport, "metrics_host": args.metrics_host,
+                 "metrics_port": args.metrics_port, "log_format": args.log_format}
     cfg = config_mod.load(args.config, overrides)
-    logging.basicConfig(level=os.environ.get("EQUEUE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(cfg.log_format)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -72,21 +43,49 @@ def cmd_broker(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         broker = Broker(cfg)
         await broker.start()
+        _log_recovery(broker)
         rec = broker.recovery
-        print(f"equeue broker listening on {cfg.transport}://{broker.address[0]}:{broker.address[1]}", flush=True)
-        print(f"  data dir  {os.path.abspath(cfg.data_dir)}", flush=True)
-        print(f"  plugins   store={cfg.store} transport={cfg.transport} flush={cfg.flush}", flush=True)
-        print(f"  recovery  {'clean' if rec.clean else 'after crash'}"
-              f" truncated_bytes={rec.truncated_bytes} rebuilt_entries={rec.rebuilt_entries}", flush=True)
+        address = f"{cfg.transport}://{broker.address[0]}:{broker.address[1]}"
+        metrics = (f"http://{broker.metrics_address[0]}:{broker.metrics_address[1]}/metrics"
+                   if broker.metrics_address else None)
+        if cfg.log_format == "json":
+            logs.announce("json", f"equeue broker listening on {address}", address=address,
+                          data_dir=os.path.abspath(cfg.data_dir), store=cfg.store, transport=cfg.transport,
+                          flush=cfg.flush, metrics=metrics, recovery_clean=rec.clean)
+        else:
+            print(f"equeue broker listening on {address}", flush=True)
+            print(f"  data dir  {os.path.abspath(cfg.data_dir)}", flush=True)
+            print(f"  plugins   store={cfg.store} transport={cfg.transport} flush={cfg.flush}", flush=True)
+            if metrics:
+                print(f"  metrics   {metrics}", flush=True)
+            print(f"  recovery  {'clean' if rec.clean else 'after crash'}"
+                  f" truncated_bytes={rec.truncated_bytes} rebuilt_entries={rec.rebuilt_entries}", flush=True)
         try:
             await stop.wait()
         finally:
-            print("equeue broker stopping: flushing and persisting offsets", flush=True)
+            logs.announce(cfg.log_format, "equeue broker stopping: flushing and persisting offsets")
             await broker.stop()
-            print("equeue broker stopped", flush=True)
+            logs.announce(cfg.log_format, "equeue broker stopped")
 
     _run_loop(main())
     return 0
+
+
+def _log_recovery(broker: Any) -> None:
+    """Say what opening the store did, every field of its RecoveryReport (structured in JSON logs)."""
+    rec = broker.recovery
+    fields = {"clean": rec.clean, "truncated_bytes": rec.truncated_bytes, "rebuilt_entries": rec.rebuilt_entries,
+              "records": rec.records, "notes": list(rec.notes),
+              "seconds": round(broker.metrics.recovery_seconds, 6)}
+    if rec.clean:
+        text = f"recovery: the last stop was clean; store opened in {fields['seconds']:.3f}s"
+    else:
+        text = (f"recovery after a crash: truncated {rec.truncated_bytes} bytes of torn records, rebuilt "
+                f"{rec.rebuilt_entries} index entries, scanned {rec.records} records in {fields['seconds']:.3f}s")
+    if rec.notes:
+        text += "; " + "; ".join(rec.notes)
+    logging.getLogger("equeue.broker").log(logging.INFO if rec.clean else logging.WARNING, text,
+                                           extra={"recovery": fields})
 
 
 def _run_loop(coro: Any) -> None:
@@ -107,15 +106,16 @@ def cmd_produce(args: argparse.Namespace) -> int:
     with Producer(args.broker) as producer:
         if args.count is not None:
             body = b"x" * args.size
-            progress = Progress(args.count, f"produce {args.topic}", args.progress)
+            progress = ProgressReport(args.count, f"produce {args.topic}", enabled=args.progress)
             batch = max(1, min(args.batch, args.count))
             while sent < args.count:
                 n = min(batch, args.count - sent)
                 producer.send_batch([Message(args.topic, body, tag=args.tag) for _ in range(n)])
                 sent += n
                 progress.update(sent)
-            progress.finish(sent)
+            progress.finish()
         else:
+            progress = ProgressReport(None, f"produce {args.topic}", enabled=args.progress)
             futures = []
             for line in sys.stdin:
                 futures.append(producer.send_async(Message(args.topic, line.rstrip("\n").encode(), tag=args.tag)))
@@ -124,9 +124,12 @@ def cmd_produce(args: argparse.Namespace) -> int:
                         f.result()
                     sent += len(futures)
                     futures.clear()
+                    progress.update(sent)
             for f in futures:
                 f.result()
             sent += len(futures)
+            progress.update(sent)
+            progress.finish()
     print(f"sent {sent} messages to {args.topic}", file=sys.stderr)
     return 0
 
@@ -137,7 +140,9 @@ def cmd_consume(args: argparse.Namespace) -> int:
     done = threading.Event()
     lock = threading.Lock()
     count = 0
-    progress = Progress(args.count, f"consume {args.topic}", args.progress if args.quiet else False)
+    # A bar only where it cannot mix with the printed messages: --quiet, or stdout redirected.
+    quiet_stdout = args.quiet or not sys.stdout.isatty()
+    progress = ProgressReport(args.count, f"consume {args.topic}", enabled=args.progress if quiet_stdout else False)
 
     def handler(m: Any) -> None:
         nonlocal count
@@ -149,8 +154,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         if not args.quiet:
             body = m.body.decode("utf-8", "replace")
             print(f"{m.topic}\t{m.queue_id}\t{m.queue_offset}\t{m.tag or ''}\t{body}", flush=True)
-        else:
-            progress.update(c)
+        progress.update(c)
         if args.count is not None and c >= args.count:
             done.set()
 
@@ -167,7 +171,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         pass
     finally:
         consumer.close()
-    progress.finish(count)
+    progress.finish()
     if args.quiet:
         print(count)
     return 0 if args.count is None or count >= args.count else 2
@@ -201,11 +205,11 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 def cmd_groups(args: argparse.Namespace) -> int:
     from equeue_core.client import AdminClient
+    from equeue_core.client.admin import reset_target
 
     with AdminClient(args.broker) as admin:
         if args.action == "reset":
-            to: str | int = args.to if args.to in ("earliest", "latest") else int(args.to)
-            for t, q, off in admin.reset_offsets(args.group, args.topic, to):
+            for t, q, off in admin.reset_offsets(args.group, args.topic, reset_target(args.to)):
                 print(f"{t}\t{q}\t{off}")
         elif args.action == "dlq":
             msgs = admin.dlq_messages(args.group, 0, args.count)
@@ -257,6 +261,20 @@ def cmd_message(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stats(args: argparse.Namespace) -> int:
+    from equeue_core.cli.stats import run_stats
+
+    return run_stats(args.broker, args.interval, args.once, args.system)
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    from equeue_core.console.server import serve
+
+    logs.configure(args.log_format)
+    _run_loop(serve(args.broker, args.host, args.port, args.sample_interval))
+    return 0
+
+
 def cmd_plugins(args: argparse.Namespace) -> int:
     from equeue_core.plugins import get_plugin_manager
 
@@ -292,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--flush", choices=["sync", "async"])
     b.add_argument("--store", help="store plugin name (file, lmdb, rocksdb)")
     b.add_argument("--transport", help="transport plugin name (tcp, zmq)")
+    b.add_argument("--log-format", choices=["text", "json"], help="log lines as text (default) or JSON")
+    b.add_argument("--metrics-host", help="address of the Prometheus endpoint (default 127.0.0.1)")
+    b.add_argument("--metrics-port", type=int, help="port of the Prometheus endpoint (default 10913, 0 = off)")
     b.set_defaults(fn=cmd_broker)
 
     pr = sub.add_parser("produce", help="send messages (--count N --size S, or lines from stdin)")
@@ -301,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--size", type=int, default=100)
     pr.add_argument("--batch", type=int, default=1000)
     pr.add_argument("--tag")
-    pr.add_argument("--progress", action="store_true", default=None)
+    pr.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress on stderr (default: a bar on a terminal, a line every 5 s otherwise)")
     pr.set_defaults(fn=cmd_produce)
 
     c = sub.add_parser("consume", help="print (or count) messages of a topic")
@@ -313,7 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--start", choices=["first", "last"], default="first")
     c.add_argument("--timeout", type=float, help="give up after this many seconds")
     c.add_argument("--quiet", action="store_true", help="count instead of printing")
-    c.add_argument("--progress", action="store_true", default=None)
+    c.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress on stderr with --quiet or redirected stdout (default: as for produce)")
     c.set_defaults(fn=cmd_consume)
 
     t = sub.add_parser("topics", help="list, create or delete topics")
@@ -328,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("action", nargs="?", choices=["show", "reset", "dlq", "resend"], default="show")
     g.add_argument("group", nargs="?")
     g.add_argument("--topic")
-    g.add_argument("--to", help="earliest, latest or a timestamp in ms (reset)")
+    g.add_argument("--to", help="earliest, latest, epoch ms or an ISO date/time, UTC by default (reset)")
     g.add_argument("--count", type=int, default=100)
     g.add_argument("--msg-ids", nargs="*")
     g.add_argument("--json", action="store_true")
@@ -342,6 +365,23 @@ def build_parser() -> argparse.ArgumentParser:
     ms.add_argument("--count", type=int, default=32, help="most messages to show for a key")
     ms.add_argument("--broker", default=DEFAULT_BROKER)
     ms.set_defaults(fn=cmd_message)
+
+    st = sub.add_parser("stats", help="live view of a broker: rates per topic, lag per group, latency, disk")
+    st.add_argument("--broker", default=DEFAULT_BROKER)
+    st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    st.add_argument("--once", action="store_true",
+                    help="print one view (rates over one interval) and exit; the default off a terminal")
+    st.add_argument("--system", action="store_true", help="include %%RETRY%%, %%DLQ%% and schedule topics")
+    st.set_defaults(fn=cmd_stats)
+
+    co = sub.add_parser("console", help="web console: topics, groups and lag, messages, DLQ re-send, resets")
+    co.add_argument("--broker", default=DEFAULT_BROKER, help="the broker to show (a name server later)")
+    co.add_argument("--host", default="127.0.0.1", help="address the console serves on (default 127.0.0.1)")
+    co.add_argument("--port", type=int, default=8080, help="port the console serves on (default 8080)")
+    co.add_argument("--sample-interval", type=float, default=5.0,
+                    help="seconds between the lag samples behind the charts and rates (default 5)")
+    co.add_argument("--log-format", choices=["text", "json"], default="text", help="log lines as text or JSON")
+    co.set_defaults(fn=cmd_console)
 
     pl = sub.add_parser("plugins", help="installed plugins per hook")
     pl.set_defaults(fn=cmd_plugins)

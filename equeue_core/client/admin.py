@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as _dt
 from typing import Any
 
 from equeue_core.broker.topics import DLQ_PREFIX
@@ -9,7 +10,25 @@ from equeue_core.client.connection import BrokerConnection
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch, received_from
 from equeue_core.codes import Code
-from equeue_core.errors import TopicNotFoundError
+from equeue_core.errors import EQueueError, TopicNotFoundError
+
+
+def reset_target(text: str) -> str | int:
+    """Where a reset moves a group, from what a person types (CLI `--to`, console form):
+    `earliest`, `latest`, epoch milliseconds, or an ISO date/time (UTC unless it names a zone)."""
+    t = text.strip()
+    if t in ("earliest", "latest"):
+        return t
+    if t.isdigit():
+        return int(t)
+    try:
+        when = _dt.datetime.fromisoformat(t)
+    except ValueError:
+        raise EQueueError(f"reset target {text!r}: give earliest, latest, epoch ms or an ISO "
+                          "date/time like 2026-11-23T09:30:00") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=_dt.UTC)
+    return int(when.timestamp() * 1000)
 
 
 class AsyncAdminClient:
@@ -31,6 +50,12 @@ class AsyncAdminClient:
 
     async def broker_info(self) -> dict[str, Any]:
         return await self.request(Code.BROKER_INFO)
+
+    async def stats(self) -> dict[str, Any]:
+        """The broker's operating figures (BROKER_STATS): counters per topic, lag per group and
+        queue, held pulls, connections, disk, latency histograms, recovery. The same snapshot the
+        Prometheus endpoint renders; docs/operations.md describes each figure."""
+        return await self.request(Code.BROKER_STATS)
 
     async def create_topic(self, topic: str, queues: int | None = None) -> int:
         h = {"topic": topic} if queues is None else {"topic": topic, "queues": queues}

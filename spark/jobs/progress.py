@@ -1,50 +1,37 @@
-"""A one-line progress bar on stderr for the pipeline jobs (queues done / rows)."""
+"""Progress of the pipeline jobs (queues done, rows, rows/s) through the CLI's ProgressReport.
+
+A rich bar on a terminal; not on a terminal, a plain line every few seconds (and at the end when
+asked for with progress=True). Enabled when asked, or with progress=None as ProgressReport decides.
+"""
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import TextIO
 
+from equeue_core.cli.progress import ProgressReport
+
 
 class Progress:
-    """Redraws one line (carriage return) at most every 0.1 s; silent when disabled.
-
-    Enabled when asked (progress=True) or, with progress=None, when stderr is a terminal.
-    """
+    """Counts queues exported (the bar) and rows written (with their rate)."""
 
     def __init__(self, total: int, label: str, enabled: bool | None = None, stream: TextIO | None = None) -> None:
-        self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.total = max(0, total)
-        self.label = label
-        self.done = 0
+        self.report = ProgressReport(max(0, total), label, unit="queues", enabled=enabled, stream=stream)
         self.rows = 0
-        self._last = 0.0
         self._start = time.monotonic()
 
+    @property
+    def done(self) -> int:
+        return self.report.done
+
     def advance(self, rows: int = 0, done: int = 1) -> None:
-        self.done += done
         self.rows += rows
-        self.draw(force=self.done >= self.total)
+        elapsed = time.monotonic() - self._start
+        rate = f"{self.rows / elapsed:,.0f} rows/s" if elapsed > 0 else ""
+        self.report.update(self.report.done + done, extra=f"{self.rows:,} rows  {rate}")
 
     def draw(self, force: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not force and now - self._last < 0.1:
-            return
-        self._last = now
-        width = 30
-        filled = width if self.total == 0 else int(width * self.done / self.total)
-        bar = "#" * filled + "." * (width - filled)
-        elapsed = now - self._start
-        self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.total} queues  "
-                          f"{self.rows:,} rows  {elapsed:.1f}s")
-        self.stream.flush()
+        self.report.update(self.report.done, extra=self.report.extra)
 
     def finish(self) -> None:
-        if self.enabled:
-            self.draw(force=True)
-            self.stream.write("\n")
-            self.stream.flush()
+        self.report.finish()

@@ -23,7 +23,8 @@ def free_port() -> int:
 
 class BrokerProcess:
     def __init__(self, data_dir: Path, store: str = "file", transport: str = "tcp", flush: str = "async",
-                 port: int | None = None, env: dict[str, str] | None = None, config: str | None = None) -> None:
+                 port: int | None = None, env: dict[str, str] | None = None, config: str | None = None,
+                 metrics_port: int | None = 0) -> None:
         self.data_dir = Path(data_dir)
         self.store = store
         self.transport = transport
@@ -33,6 +34,9 @@ class BrokerProcess:
         # off unless a test asks for it (tests/test_retention.py does).
         self.env = {"EQUEUE_DISK_HIGH_WATER": "1.0", **(env or {})}
         self.config = config
+        # Many test brokers run at once: the Prometheus endpoint is off (0) unless a test gives a
+        # port (None leaves it to the config file / environment).
+        self.metrics_port = metrics_port
         self.proc: subprocess.Popen | None = None
         self.log_path = self.data_dir.parent / f"broker-{self.data_dir.name}-{self.port}.log"
 
@@ -46,6 +50,8 @@ class BrokerProcess:
                "--transport", self.transport, "--flush", self.flush]
         if self.config:
             cmd += ["--config", self.config]
+        if self.metrics_port is not None:
+            cmd += ["--metrics-port", str(self.metrics_port)]
         env = dict(os.environ, **self.env)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, env=env)
