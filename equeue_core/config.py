@@ -43,6 +43,11 @@ class Config:
     disk_high_water: float = 0.85
     delay_levels: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     max_reconsume_times: int = 16
+    nameserver: str = ""  # "host:port,host:port": join a cluster (docs/cluster.md); "" = single node
+    broker_name: str = ""  # "" = "<hostname>-<port>"
+    cluster: str = "DefaultCluster"
+    register_interval_s: float = 30.0
+    broker_expiry_s: float = 120.0  # name server: drop a broker silent this long
     store_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def store_settings_options(self) -> dict[str, Any]:
@@ -100,6 +105,17 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"config disk_high_water: {cfg.disk_high_water} must be a fraction in (0, 1]")
     if cfg.retention_hours < 0 or cfg.retention_check_s <= 0:
         raise ConfigError("config retention_hours must be >= 0 and retention_check_s > 0")
+    if cfg.register_interval_s <= 0 or cfg.broker_expiry_s <= 0:
+        raise ConfigError("config register_interval_s and broker_expiry_s must be positive")
+    from equeue_core.nameserver.routes import check_broker_name
+
+    check_broker_name("config cluster", cfg.cluster)
+    if cfg.broker_name:
+        check_broker_name("config broker_name", cfg.broker_name)
+    if cfg.nameserver:
+        from equeue_core.nameserver.addresses import parse_nameservers
+
+        parse_nameservers(cfg.nameserver)
     return cfg
 
 

@@ -60,7 +60,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from equeue_core.broker.broker import Broker
 
     overrides = {"data_dir": args.data_dir, "host": args.host, "port": args.port, "flush": args.flush,
-                 "store": args.store, "transport": args.transport}
+                 "store": args.store, "transport": args.transport, "nameserver": args.nameserver,
+                 "broker_name": args.name, "cluster": args.cluster}
     cfg = config_mod.load(args.config, overrides)
     logging.basicConfig(level=os.environ.get("EQUEUE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -78,12 +79,45 @@ def cmd_broker(args: argparse.Namespace) -> int:
         print(f"  plugins   store={cfg.store} transport={cfg.transport} flush={cfg.flush}", flush=True)
         print(f"  recovery  {'clean' if rec.clean else 'after crash'}"
               f" truncated_bytes={rec.truncated_bytes} rebuilt_entries={rec.rebuilt_entries}", flush=True)
+        if broker.registrar is not None:
+            reg = broker.registrar
+            joined = sum(link.state == "registered" for link in reg.links)
+            print(f"  cluster   {reg.cluster}/{reg.name} as {reg.address}, registered with {joined}"
+                  f" of {len(reg.links)} name servers", flush=True)
         try:
             await stop.wait()
         finally:
             print("equeue broker stopping: flushing and persisting offsets", flush=True)
             await broker.stop()
             print("equeue broker stopped", flush=True)
+
+    _run_loop(main())
+    return 0
+
+
+def cmd_nameserver(args: argparse.Namespace) -> int:
+    from equeue_core import config as config_mod
+    from equeue_core.nameserver.server import NameServer
+
+    cfg = config_mod.load(args.config, {"host": args.host, "port": args.port, "transport": args.transport})
+    logging.basicConfig(level=os.environ.get("EQUEUE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        server = NameServer(cfg)
+        await server.start()
+        host, port = server.address
+        print(f"equeue nameserver listening on {cfg.transport}://{host}:{port}", flush=True)
+        print(f"  broker_expiry_s {cfg.broker_expiry_s:g} (routes live in memory only)", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await server.stop()
+            print("equeue nameserver stopped", flush=True)
 
     _run_loop(main())
     return 0
@@ -257,6 +291,25 @@ def cmd_message(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from equeue_core.client.nameserver import NameServerClient
+
+    with NameServerClient(args.nameserver) as ns:
+        if args.topic:
+            route = ns.get_route(args.topic)
+            rows = [[b.cluster, b.name, b.address, b.queues, ("r" if b.readable else "-") + ("w" if b.writable else "-")]
+                    for b in route.brokers]
+            print(_table(rows, ["cluster", "broker", "address", "queues", "perm"]))
+            return 0
+        info = ns.cluster_info()
+        if args.json:
+            print(json.dumps(info.to_wire(), indent=2))
+            return 0
+        rows = [[b.cluster, b.name, b.address, b.topics, f"{b.heartbeat_age_s:.1f}s"] for b in info.brokers]
+        print(_table(rows, ["cluster", "broker", "address", "topics", "last heartbeat"]))
+    return 0
+
+
 def cmd_plugins(args: argparse.Namespace) -> int:
     from equeue_core.plugins import get_plugin_manager
 
@@ -292,7 +345,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--flush", choices=["sync", "async"])
     b.add_argument("--store", help="store plugin name (file, lmdb, rocksdb)")
     b.add_argument("--transport", help="transport plugin name (tcp, zmq)")
+    b.add_argument("--nameserver", help="join a cluster: name servers host:port[,host:port...]")
+    b.add_argument("--name", help="broker name in its cluster (default <hostname>-<port>)")
+    b.add_argument("--cluster", help="cluster name (default DefaultCluster)")
     b.set_defaults(fn=cmd_broker)
+
+    ns = sub.add_parser("nameserver", help="run a name server (route registry) in the foreground")
+    ns.add_argument("--config", help="TOML config file (reads transport, broker_expiry_s, limits)")
+    ns.add_argument("--host")
+    ns.add_argument("--port", type=int, default=9876)
+    ns.add_argument("--transport", help="transport plugin name (tcp, zmq)")
+    ns.set_defaults(fn=cmd_nameserver)
+
+    cl = sub.add_parser("cluster", help="brokers registered with the name servers, or one topic's route")
+    cl.add_argument("--nameserver", required=True, help="host:port[,host:port...]")
+    cl.add_argument("--topic", help="show this topic's route (brokers and queue counts)")
+    cl.add_argument("--json", action="store_true")
+    cl.set_defaults(fn=cmd_cluster)
 
     pr = sub.add_parser("produce", help="send messages (--count N --size S, or lines from stdin)")
     pr.add_argument("--broker", default=DEFAULT_BROKER)
