@@ -35,7 +35,7 @@ from equeue_core.nameserver.routes import PERM_READ_WRITE
 log = logging.getLogger("equeue.broker.registration")
 
 REQUEST_TIMEOUT = 5.0  # seconds a registration waits for a name server's answer
-UNREGISTER_TIMEOUT = 2.0
+UNREGISTER_TIMEOUT = 3.0
 
 
 def default_broker_name(port: int) -> str:
