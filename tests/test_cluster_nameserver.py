@@ -64,15 +64,16 @@ def running(*processes):
 
 def test_every_nameserver_lists_every_broker_and_routes_a_topic_to_each(tmp_path):
     ns1, ns2 = NameServerProcess(tmp_path), NameServerProcess(tmp_path)
+    names = ("broker-a", "broker-b", "broker-c")
     brokers = [BrokerProcess(tmp_path / n, env=SLOW_INTERVAL, extra_args=cluster_args([ns1, ns2], n))
-               for n in ("broker-a", "broker-b", "broker-c")]
+               for n in names]
     with running(ns1, ns2, *brokers):
         for ns in (ns1, ns2):  # a broker prints "listening" after its first registration round
             wait_for(lambda ns=ns: broker_names(ns) == ["broker-a", "broker-b", "broker-c"], timeout=20,
                      what="3 brokers registered")
             with NameServerClient(ns.address) as client:
                 addresses = {b.name: b.address for b in client.cluster_info().brokers}
-            assert addresses == {b.extra_args[3]: b.address for b in brokers}
+            assert addresses == {n: b.address for n, b in zip(names, brokers, strict=True)}
         for i, b in enumerate(brokers):
             with AdminClient(b.address) as admin:
                 admin.create_topic("orders", 2 + i)

@@ -23,6 +23,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from equeue_core.client.address import Address
 from equeue_core.client.connection import BrokerConnection
@@ -31,6 +32,9 @@ from equeue_core.contracts import TransportSettings
 from equeue_core.errors import BrokerNameConflictError, EQueueError, TransportError
 from equeue_core.nameserver.addresses import parse_nameservers
 from equeue_core.nameserver.routes import PERM_READ_WRITE
+
+if TYPE_CHECKING:
+    from equeue_core.broker.broker import Broker
 
 log = logging.getLogger("equeue.broker.registration")
 
@@ -82,7 +86,9 @@ class BrokerRegistrar:
         self._tasks: list[asyncio.Task] = []
 
     @classmethod
-    def for_broker(cls, broker) -> BrokerRegistrar:  # broker: equeue_core.broker.broker.Broker
+    def for_broker(cls, broker: Broker) -> BrokerRegistrar:
+        """The registrar for a started broker, from its config (`nameserver`, `broker_name`, `cluster`,
+        `register_interval_s`) and its bound address; topics are read live from its TopicRegistry."""
         cfg = broker.config
         host, port = broker.address
         return cls(cfg.cluster, cfg.broker_name or default_broker_name(port),
