@@ -8,17 +8,20 @@ topic change) did the work.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from equeue_core.client.admin import AdminClient
 from equeue_core.client.connection import BrokerConnection
 from equeue_core.client.loop import run_sync
-from equeue_core.client.nameserver import NameServerClient
+from equeue_core.client.nameserver import AsyncNameServerClient, NameServerClient
 from equeue_core.codes import Code
 from equeue_core.errors import ProtocolError, TopicNotFoundError, TransportError, UnknownRequestError
 from tests.helpers.broker import BrokerProcess, free_port
@@ -278,3 +281,24 @@ def test_nameserver_over_zmq_drops_a_killed_zmq_broker(tmp_path):
         b.kill()
         wait_for(lambda: broker_names(ns) == [], timeout=30, what="zmq broker dropped")
         assert stats(ns)["dropped_on_close"] == 1
+
+
+def open_sockets(pid: int) -> int:
+    fds = Path(f"/proc/{pid}/fd")
+    return sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("socket:"))
+
+
+def test_concurrent_route_queries_share_one_connection_per_nameserver(tmp_path):
+    ns = NameServerProcess(tmp_path)
+    b = BrokerProcess(tmp_path / "a", extra_args=cluster_args([ns], "broker-a"))
+    with running(ns, b):
+        before = open_sockets(ns.proc.pid)
+
+        async def many() -> tuple[list, int]:
+            async with AsyncNameServerClient(ns.address) as client:
+                routes = await asyncio.gather(*(client.get_route("%SCHEDULE%") for _ in range(20)))
+                return routes, open_sockets(ns.proc.pid) - before
+
+        routes, connections = run_sync(many())
+        assert {r.brokers[0].name for r in routes} == {"broker-a"}
+        assert connections == 1

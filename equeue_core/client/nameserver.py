@@ -12,6 +12,7 @@ This is the minimal client the routing producer/consumer/admin (issue 10, items 
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -37,6 +38,7 @@ class AsyncNameServerClient:
         self.settings = settings or TransportSettings(connect_timeout=min(5.0, timeout))
         self._conns: dict[Address, BrokerConnection] = {}
         self._current = random.randrange(len(self.addresses))
+        self._connecting = asyncio.Lock()
 
     async def start(self) -> AsyncNameServerClient:
         """Nothing to do up front: connections open on first use (a name server down at start is
@@ -46,8 +48,11 @@ class AsyncNameServerClient:
     async def _connection(self, address: Address) -> BrokerConnection:
         conn = self._conns.get(address)
         if conn is None:
-            conn = await BrokerConnection(address, self.settings).connect()
-            self._conns[address] = conn
+            async with self._connecting:  # concurrent callers share one connection per name server
+                conn = self._conns.get(address)
+                if conn is None:
+                    conn = await BrokerConnection(address, self.settings).connect()
+                    self._conns[address] = conn
         return conn
 
     async def _ask(self, address: Address, code: int, header: dict[str, Any]) -> dict[str, Any]:
