@@ -137,7 +137,10 @@ class BrokerRegistrar:
             except TimeoutError:
                 pass
             link.wake.clear()
-            await self._register(link)
+            try:
+                await self._register(link)
+            except Exception:  # a bug must not end registration with this name server for good
+                log.exception("registering with name server %s failed", link.address)
 
     async def _register(self, link: NameServerLink) -> None:
         try:
