@@ -112,9 +112,9 @@ class Broker:
         """Register with the name servers (docs/cluster.md); a refused name stops the broker cleanly."""
         from equeue_core.broker.registration import BrokerRegistrar
 
-        self.registrar = BrokerRegistrar.for_broker(self)
-        self.topics.on_change = self.registrar.topics_changed
         try:
+            self.registrar = BrokerRegistrar.for_broker(self)
+            self.topics.on_change = self.registrar.topics_changed
             await self.registrar.start()
         except BaseException:
             self.registrar = None

@@ -91,8 +91,11 @@ class BrokerRegistrar:
         `register_interval_s`) and its bound address; topics are read live from its TopicRegistry."""
         cfg = broker.config
         host, port = broker.address
+        nameservers = parse_nameservers(cfg.nameserver)
+        for a in nameservers:  # an unknown scheme stops the broker now (PluginError lists the installed ones)
+            broker.plugins.transport(a.transport)
         return cls(cfg.cluster, cfg.broker_name or default_broker_name(port),
-                   f"{cfg.transport}://{advertised_host(host)}:{port}", parse_nameservers(cfg.nameserver),
+                   f"{cfg.transport}://{advertised_host(host)}:{port}", nameservers,
                    cfg.register_interval_s, lambda: broker.topics.topics)
 
     # ------------------------------------------------------------ lifecycle
