@@ -36,6 +36,14 @@ class Code(IntEnum):
     BROKER_INFO = 28     # {} -> {address, store, transport, version, flush}
     QUERY_BY_KEY = 29    # {topic, key, max?, scan_limit?} -> {count, scanned} + body: records, newest first
     BROKER_STATS = 30    # {} -> {topics, groups, held_pulls, connections, disk, latency, ...} (docs/operations.md)
+    # name server (equeue nameserver; docs/cluster.md)
+    REGISTER_BROKER = 40    # {cluster, name, address, data_version, topics: {name: {queues, perm}}}
+                            #   -> {cluster, name, expiry_s}; broker_name_conflict if the name is taken
+    UNREGISTER_BROKER = 41  # {cluster, name, address} -> {removed: bool}
+    GET_ROUTE = 42          # {topic} -> {topic, brokers: [{cluster, name, address, queues, perm}]}
+    GET_CLUSTER_INFO = 43   # {} -> {clusters: {cluster: [names]}, brokers: [{cluster, name, address, topics,
+                            #   data_version, heartbeat_age_s, registered_age_s}]}
+    NAMESERVER_INFO = 44    # {} -> {address, transport, version, expiry_s, brokers, stats: {counter: int}}
 
 
 class PullStatus:

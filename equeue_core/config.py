@@ -46,6 +46,11 @@ class Config:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 10913
     log_format: str = "text"
+    nameserver: str = ""  # "host:port,host:port": join a cluster (docs/cluster.md); "" = single node
+    broker_name: str = ""  # "" = "<hostname>-<port>"
+    cluster: str = "DefaultCluster"
+    register_interval_s: float = 30.0
+    broker_expiry_s: float = 120.0  # name server: drop a broker silent this long
     store_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def store_settings_options(self) -> dict[str, Any]:
@@ -107,6 +112,17 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"config disk_high_water: {cfg.disk_high_water} must be a fraction in (0, 1]")
     if cfg.retention_hours < 0 or cfg.retention_check_s <= 0:
         raise ConfigError("config retention_hours must be >= 0 and retention_check_s > 0")
+    if cfg.register_interval_s <= 0 or cfg.broker_expiry_s <= 0:
+        raise ConfigError("config register_interval_s and broker_expiry_s must be positive")
+    from equeue_core.nameserver.routes import check_broker_name
+
+    check_broker_name("config cluster", cfg.cluster)
+    if cfg.broker_name:
+        check_broker_name("config broker_name", cfg.broker_name)
+    if cfg.nameserver:
+        from equeue_core.nameserver.addresses import parse_nameservers
+
+        parse_nameservers(cfg.nameserver)
     return cfg
 
 

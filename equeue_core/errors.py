@@ -140,6 +140,12 @@ class ClientClosedError(EQueueError):
     code = "closed"
 
 
+class BrokerNameConflictError(EQueueError):
+    """A name server refused a registration: a live broker of the same cluster already has the name."""
+
+    code = "broker_name_conflict"
+
+
 def _all_subclasses(cls: type) -> list[type]:
     out = []
     for sub in cls.__subclasses__():

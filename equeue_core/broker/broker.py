@@ -69,6 +69,7 @@ class Broker:
         self.id_prefix = ""
         self.started = asyncio.Event()
         self.stats = {"received": 0, "pulled": 0}
+        self.registrar = None  # a BrokerRegistrar when config.nameserver names a cluster's name servers
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -107,7 +108,22 @@ class Broker:
         self._tasks.append(loop.create_task(self.groups.expire_forever()))
         self._tasks.append(loop.create_task(self.scheduler.run_forever()))
         self._tasks.append(loop.create_task(self.retention.run_forever()))
+        if cfg.nameserver:
+            await self._join_cluster()
         self.started.set()
+
+    async def _join_cluster(self) -> None:
+        """Register with the name servers (docs/cluster.md); a refused name stops the broker cleanly."""
+        from equeue_core.broker.registration import BrokerRegistrar
+
+        try:
+            self.registrar = BrokerRegistrar.for_broker(self)
+            self.topics.on_change = self.registrar.topics_changed
+            await self.registrar.start()
+        except BaseException:
+            self.registrar = None
+            await self.stop()
+            raise
 
     def _write_info(self) -> None:
         info = {"host": self.address[0], "port": self.address[1], "store": self.config.store,
@@ -129,6 +145,8 @@ class Broker:
 
     async def stop(self) -> None:
         """Stop serving, answer held pulls, persist offsets, flush and close the store."""
+        if self.registrar is not None:
+            await self.registrar.stop()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 from equeue_core.contracts import OffsetStore
 from equeue_core.errors import InvalidTopicError, QueueNotFoundError, TopicNotFoundError
@@ -33,9 +34,12 @@ class TopicRegistry:
         self.auto_create = auto_create
         raw = offsets.get_meta(META_KEY)
         self.topics: dict[str, int] = json.loads(raw) if raw else {}
+        self.on_change: Callable[[], None] | None = None  # called after every saved change (cluster registrar)
 
     def _save(self) -> None:
         self._offsets.put_meta(META_KEY, json.dumps(self.topics, sort_keys=True).encode())
+        if self.on_change is not None:
+            self.on_change()
 
     def create(self, topic: str, queues: int | None = None, system: bool = False) -> int:
         check_topic_name(topic, allow_system=system)

@@ -32,7 +32,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
     overrides = {"data_dir": args.data_dir, "host": args.host, "port": args.port, "flush": args.flush,
                  "store": args.store, "transport": args.transport, "metrics_host": args.metrics_host,
-                 "metrics_port": args.metrics_port, "log_format": args.log_format}
+                 "metrics_port": args.metrics_port, "log_format": args.log_format,
+                 "nameserver": args.nameserver, "broker_name": args.name, "cluster": args.cluster}
     cfg = config_mod.load(args.config, overrides)
     logs.configure(cfg.log_format)
 
@@ -60,6 +61,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
                 print(f"  metrics   {metrics}", flush=True)
             print(f"  recovery  {'clean' if rec.clean else 'after crash'}"
                   f" truncated_bytes={rec.truncated_bytes} rebuilt_entries={rec.rebuilt_entries}", flush=True)
+        if broker.registrar is not None:
+            reg = broker.registrar
+            joined = sum(link.state == "registered" for link in reg.links)
+            logs.announce(cfg.log_format, f"  cluster   {reg.cluster}/{reg.name} as {reg.address}, registered with"
+                          f" {joined} of {len(reg.links)} name servers")
         try:
             await stop.wait()
         finally:
@@ -86,6 +92,33 @@ def _log_recovery(broker: Any) -> None:
         text += "; " + "; ".join(rec.notes)
     logging.getLogger("equeue.broker").log(logging.INFO if rec.clean else logging.WARNING, text,
                                            extra={"recovery": fields})
+
+
+def cmd_nameserver(args: argparse.Namespace) -> int:
+    from equeue_core import config as config_mod
+    from equeue_core.nameserver.server import NameServer
+
+    cfg = config_mod.load(args.config, {"host": args.host, "port": args.port, "transport": args.transport})
+    logs.configure(cfg.log_format)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        server = NameServer(cfg)
+        await server.start()
+        host, port = server.address
+        print(f"equeue nameserver listening on {cfg.transport}://{host}:{port}", flush=True)
+        print(f"  broker_expiry_s {cfg.broker_expiry_s:g} (routes live in memory only)", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await server.stop()
+            print("equeue nameserver stopped", flush=True)
+
+    _run_loop(main())
+    return 0
 
 
 def _run_loop(coro: Any) -> None:
@@ -275,6 +308,25 @@ def cmd_console(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from equeue_core.client.nameserver import NameServerClient
+
+    with NameServerClient(args.nameserver) as ns:
+        if args.topic:
+            route = ns.get_route(args.topic)
+            rows = [[b.cluster, b.name, b.address, b.queues, ("r" if b.readable else "-") + ("w" if b.writable else "-")]
+                    for b in route.brokers]
+            print(_table(rows, ["cluster", "broker", "address", "queues", "perm"]))
+            return 0
+        info = ns.cluster_info()
+        if args.json:
+            print(json.dumps(info.to_wire(), indent=2))
+            return 0
+        rows = [[b.cluster, b.name, b.address, b.topics, f"{b.heartbeat_age_s:.1f}s"] for b in info.brokers]
+        print(_table(rows, ["cluster", "broker", "address", "topics", "last heartbeat"]))
+    return 0
+
+
 def cmd_plugins(args: argparse.Namespace) -> int:
     from equeue_core.plugins import get_plugin_manager
 
@@ -313,7 +365,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--log-format", choices=["text", "json"], help="log lines as text (default) or JSON")
     b.add_argument("--metrics-host", help="address of the Prometheus endpoint (default 127.0.0.1)")
     b.add_argument("--metrics-port", type=int, help="port of the Prometheus endpoint (default 10913, 0 = off)")
+    b.add_argument("--nameserver", help="join a cluster: name servers host:port[,host:port...]")
+    b.add_argument("--name", help="broker name in its cluster (default <hostname>-<port>)")
+    b.add_argument("--cluster", help="cluster name (default DefaultCluster)")
     b.set_defaults(fn=cmd_broker)
+
+    ns = sub.add_parser("nameserver", help="run a name server (route registry) in the foreground")
+    ns.add_argument("--config", help="TOML config file (reads transport, broker_expiry_s, limits)")
+    ns.add_argument("--host")
+    ns.add_argument("--port", type=int, default=9876)
+    ns.add_argument("--transport", help="transport plugin name (tcp, zmq)")
+    ns.set_defaults(fn=cmd_nameserver)
+
+    cl = sub.add_parser("cluster", help="brokers registered with the name servers, or one topic's route")
+    cl.add_argument("--nameserver", required=True, help="host:port[,host:port...]")
+    cl.add_argument("--topic", help="show this topic's route (brokers and queue counts)")
+    cl.add_argument("--json", action="store_true")
+    cl.set_defaults(fn=cmd_cluster)
 
     pr = sub.add_parser("produce", help="send messages (--count N --size S, or lines from stdin)")
     pr.add_argument("--broker", default=DEFAULT_BROKER)

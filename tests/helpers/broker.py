@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -24,7 +25,7 @@ def free_port() -> int:
 class BrokerProcess:
     def __init__(self, data_dir: Path, store: str = "file", transport: str = "tcp", flush: str = "async",
                  port: int | None = None, env: dict[str, str] | None = None, config: str | None = None,
-                 metrics_port: int | None = 0) -> None:
+                 metrics_port: int | None = 0, extra_args: Sequence[str] = ()) -> None:
         self.data_dir = Path(data_dir)
         self.store = store
         self.transport = transport
@@ -37,6 +38,7 @@ class BrokerProcess:
         # Many test brokers run at once: the Prometheus endpoint is off (0) unless a test gives a
         # port (None leaves it to the config file / environment).
         self.metrics_port = metrics_port
+        self.extra_args = list(extra_args)  # e.g. ["--nameserver", "127.0.0.1:9876", "--name", "broker-a"]
         self.proc: subprocess.Popen | None = None
         self.log_path = self.data_dir.parent / f"broker-{self.data_dir.name}-{self.port}.log"
 
@@ -44,7 +46,7 @@ class BrokerProcess:
     def address(self) -> str:
         return f"{self.transport}://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> BrokerProcess:
+    def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "equeue_core.cli.main", "broker", "--data-dir", str(self.data_dir),
                "--host", "127.0.0.1", "--port", str(self.port), "--store", self.store,
                "--transport", self.transport, "--flush", self.flush]
@@ -52,9 +54,12 @@ class BrokerProcess:
             cmd += ["--config", self.config]
         if self.metrics_port is not None:
             cmd += ["--metrics-port", str(self.metrics_port)]
+        return cmd + self.extra_args
+
+    def start(self, timeout: float = 30.0) -> BrokerProcess:
         env = dict(os.environ, **self.env)
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, env=env)
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=self._log, env=env)
         deadline = time.monotonic() + timeout
         assert self.proc.stdout is not None
         while time.monotonic() < deadline:

@@ -1,0 +1,143 @@
+"""NameServerClient: ask name servers for routes and the brokers of a cluster.
+
+Give it every name server (`"host:port,host:port"`); it keeps one connection to the one it is
+using (picked at random at start, so clients spread over name servers) and moves to the next on a
+transport failure, like RocketMQ's client. Name servers are independent and may briefly disagree
+(one just restarted knows nothing until the brokers register again), so a topic one of them does
+not know is asked of the others before `TopicNotFoundError` is raised. When no name server can be
+reached the error is one `TransportError` naming each and why.
+
+This is the minimal client the routing producer/consumer/admin (issue 10, items 3-6) builds on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from equeue_core.client.address import Address
+from equeue_core.client.connection import BrokerConnection
+from equeue_core.client.loop import background_loop, run_sync
+from equeue_core.codes import Code
+from equeue_core.contracts import TransportSettings
+from equeue_core.errors import TopicNotFoundError, TransportError
+from equeue_core.nameserver.addresses import parse_nameservers
+from equeue_core.nameserver.routes import ClusterInfo, TopicRoute
+
+DEFAULT_TIMEOUT = 5.0
+
+
+class AsyncNameServerClient:
+    def __init__(self, nameserver: str | Sequence[str], timeout: float = DEFAULT_TIMEOUT,
+                 settings: TransportSettings | None = None) -> None:
+        text = nameserver if isinstance(nameserver, str) else ",".join(nameserver)
+        self.addresses: list[Address] = parse_nameservers(text)
+        self.timeout = timeout
+        self.settings = settings or TransportSettings(connect_timeout=min(5.0, timeout))
+        self._conns: dict[Address, BrokerConnection] = {}
+        self._current = random.randrange(len(self.addresses))
+        self._connecting = asyncio.Lock()
+
+    async def start(self) -> AsyncNameServerClient:
+        """Nothing to do up front: connections open on first use (a name server down at start is
+        simply skipped then)."""
+        return self
+
+    async def _connection(self, address: Address) -> BrokerConnection:
+        conn = self._conns.get(address)
+        if conn is None:
+            async with self._connecting:  # concurrent callers share one connection per name server
+                conn = self._conns.get(address)
+                if conn is None:
+                    conn = await BrokerConnection(address, self.settings).connect()
+                    self._conns[address] = conn
+        return conn
+
+    async def _ask(self, address: Address, code: int, header: dict[str, Any]) -> dict[str, Any]:
+        conn = await self._connection(address)
+        return (await conn.request(code, header, timeout=self.timeout)).header
+
+    async def request(self, code: int, header: dict[str, Any] | None = None,
+                      retry_on_not_found: bool = False) -> dict[str, Any]:
+        """Ask the current name server; on a transport failure (or, with retry_on_not_found, a
+        TopicNotFoundError) ask the next, each at most once. The one that answers becomes current."""
+        failures: list[str] = []
+        not_found: TopicNotFoundError | None = None
+        n = len(self.addresses)
+        for i in range(n):
+            idx = (self._current + i) % n
+            address = self.addresses[idx]
+            try:
+                result = await self._ask(address, code, header or {})
+            except TransportError as e:
+                failures.append(f"{address}: {e}")
+                conn = self._conns.pop(address, None)
+                if conn is not None:
+                    await conn.close()
+                continue
+            except TopicNotFoundError as e:
+                if not retry_on_not_found:
+                    raise
+                not_found = not_found or e
+                continue
+            self._current = idx
+            return result
+        if not_found is not None:
+            raise not_found
+        raise TransportError("no name server reachable: " + "; ".join(failures))
+
+    async def get_route(self, topic: str) -> TopicRoute:
+        """Every live broker that has `topic`, with its queue count and permission.
+        TopicNotFoundError when no reachable name server knows a broker with it."""
+        return TopicRoute.from_wire(await self.request(Code.GET_ROUTE, {"topic": topic}, retry_on_not_found=True))
+
+    async def cluster_info(self) -> ClusterInfo:
+        """Every live broker the current name server knows (cluster, name, address, topics, ages)."""
+        return ClusterInfo.from_wire(await self.request(Code.GET_CLUSTER_INFO))
+
+    async def info(self) -> dict[str, Any]:
+        """The current name server's address, version, expiry_s, broker count and counters."""
+        return await self.request(Code.NAMESERVER_INFO)
+
+    async def close(self) -> None:
+        conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            await conn.close()
+
+    async def __aenter__(self) -> AsyncNameServerClient:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class NameServerClient:
+    """Blocking NameServerClient; every method mirrors AsyncNameServerClient."""
+
+    def __init__(self, nameserver: str | Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> None:
+        background_loop()
+        self._async = AsyncNameServerClient(nameserver, timeout)
+
+    @property
+    def addresses(self) -> list[Address]:
+        return self._async.addresses
+
+    def get_route(self, topic: str) -> TopicRoute:
+        return run_sync(self._async.get_route(topic))
+
+    def cluster_info(self) -> ClusterInfo:
+        return run_sync(self._async.cluster_info())
+
+    def info(self) -> dict[str, Any]:
+        return run_sync(self._async.info())
+
+    def close(self) -> None:
+        run_sync(self._async.close())
+
+    def __enter__(self) -> NameServerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

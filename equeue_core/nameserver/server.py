@@ -1,0 +1,132 @@
+"""NameServer: serves a RouteRegistry over the configured transport (RocketMQ's NamesrvController).
+
+Stateless: nothing is read from or written to disk; all it knows comes from broker registrations,
+so any number can run side by side and a restarted one learns every route back from the brokers'
+next registrations (within `register_interval_s`). It speaks the broker's frame format over the
+same transport plugins; the codes are 40-44 (docs/protocol.md). Brokers are dropped at once when
+the connection they registered on closes (RocketMQ's BrokerHousekeepingService) and after
+`broker_expiry_s` of silence (a sweep every `sweep_interval(expiry)` seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from equeue_core.codes import Code
+from equeue_core.config import Config
+from equeue_core.contracts import ServerConnection, TransportSettings
+from equeue_core.dispatch import Handler, dispatch, header_int, header_str
+from equeue_core.errors import ConfigError, ProtocolError
+from equeue_core.frame import Frame
+from equeue_core.nameserver.registry import RouteRegistry
+from equeue_core.nameserver.routes import check_broker_name, topics_from_wire
+from equeue_core.plugins import PluginManager, get_plugin_manager
+
+log = logging.getLogger("equeue.nameserver")
+
+
+def sweep_interval(expiry_s: float) -> float:
+    """How often silent brokers are looked for: RocketMQ's 10 s, or a fifth of a shorter expiry."""
+    return max(0.05, min(10.0, expiry_s / 5))
+
+
+class NameServer:
+    def __init__(self, config: Config, plugins: PluginManager | None = None) -> None:
+        self.config = config
+        self.plugins = plugins or get_plugin_manager()
+        self.registry = RouteRegistry(expiry_s=config.broker_expiry_s)
+        self.address: tuple[str, int] = (config.host, config.port)
+        self._server = None
+        self._sweeper: asyncio.Task | None = None
+        self._handlers: dict[int, Handler] = {
+            Code.REGISTER_BROKER: self.on_register,
+            Code.UNREGISTER_BROKER: self.on_unregister,
+            Code.GET_ROUTE: self.on_get_route,
+            Code.GET_CLUSTER_INFO: self.on_cluster_info,
+            Code.NAMESERVER_INFO: self.on_info,
+        }
+
+    async def start(self) -> None:
+        cfg = self.config
+        transport = self.plugins.transport(cfg.transport)
+        settings = TransportSettings(max_frame_size=cfg.max_frame_size,
+                                     frame_read_timeout=cfg.frame_read_timeout_s)
+        self._server = await transport.serve(cfg.host, cfg.port, self, settings)
+        self.address = tuple(self._server.address)[:2]  # type: ignore[assignment]
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        if self._server is not None:
+            await self._server.close()
+
+    async def _sweep_forever(self) -> None:
+        interval = sweep_interval(self.registry.expiry_s)
+        while True:
+            await asyncio.sleep(interval)
+            self.registry.expire()
+
+    # ------------------------------------------------------------ transport callbacks
+
+    async def handle(self, conn: ServerConnection, frame: Frame) -> Frame | None:
+        return await dispatch(self._handlers, conn, frame, log)
+
+    def connection_lost(self, conn: ServerConnection) -> None:
+        self.registry.connection_lost(conn.id)
+
+    # ------------------------------------------------------------ requests
+
+    @staticmethod
+    def _broker_key(header: dict) -> tuple[str, str, str]:
+        cluster, name = header_str(header, "cluster"), header_str(header, "name")
+        address = header_str(header, "address")
+        try:
+            check_broker_name("cluster", cluster)
+            check_broker_name("broker name", name)
+        except ConfigError as e:
+            raise ProtocolError(str(e)) from None
+        if "://" not in address:
+            raise ProtocolError(f"header field 'address' must be scheme://host:port, not {address!r}")
+        return cluster, name, address
+
+    async def on_register(self, conn: ServerConnection, frame: Frame) -> Frame:
+        h = frame.header
+        cluster, name, address = self._broker_key(h)
+        topics = topics_from_wire(h.get("topics"))
+        self.registry.register(cluster, name, address, topics, header_int(h, "data_version"), conn.id)
+        return frame.response({"cluster": cluster, "name": name, "expiry_s": self.registry.expiry_s})
+
+    async def on_unregister(self, conn: ServerConnection, frame: Frame) -> Frame | None:
+        removed = self.registry.unregister(*self._broker_key(frame.header))
+        return None if frame.is_oneway else frame.response({"removed": removed})
+
+    async def on_get_route(self, conn: ServerConnection, frame: Frame) -> Frame:
+        return frame.response(self.registry.route(header_str(frame.header, "topic")).to_wire())
+
+    async def on_cluster_info(self, conn: ServerConnection, frame: Frame) -> Frame:
+        return frame.response(self.registry.cluster_info().to_wire())
+
+    async def on_info(self, conn: ServerConnection, frame: Frame) -> Frame:
+        from equeue_core import __version__
+
+        return frame.response({"address": f"{self.address[0]}:{self.address[1]}",
+                               "transport": self.config.transport, "version": __version__,
+                               "expiry_s": self.registry.expiry_s, "brokers": len(self.registry.brokers),
+                               "stats": self.registry.stats.as_dict()})
+
+
+async def run_nameserver(config: Config, ready: Callable[[NameServer], None] | None = None,
+                         stop_event: asyncio.Event | None = None) -> None:
+    """Run a name server until stop_event is set (or forever)."""
+    server = NameServer(config)
+    await server.start()
+    try:
+        if ready:
+            ready(server)
+        await (stop_event or asyncio.Event()).wait()
+    finally:
+        await server.stop()
