@@ -43,6 +43,7 @@ class Config:
     disk_high_water: float = 0.85
     delay_levels: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     max_reconsume_times: int = 16
+    max_deliver_delay: str = "40d"
     store_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def store_settings_options(self) -> dict[str, Any]:
@@ -93,6 +94,8 @@ def validate(cfg: Config) -> Config:
     if cfg.default_queues > 1024:
         raise ConfigError("config default_queues: at most 1024")
     parse_delay_levels(cfg.delay_levels)
+    if parse_duration_ms(cfg.max_deliver_delay) <= 0:
+        raise ConfigError("config max_deliver_delay: must be positive")
     if cfg.retention_policy not in ("time_and_consumed", "time", "consumed"):
         raise ConfigError(f"config retention_policy: {cfg.retention_policy!r} must be "
                           "'time_and_consumed', 'time' or 'consumed'")

@@ -54,6 +54,12 @@ class MessageTooLargeError(InvalidMessageError):
     code = "message_too_large"
 
 
+class DelayTooLongError(InvalidMessageError):
+    """A deliver-at time further away than the broker's max_deliver_delay."""
+
+    code = "delay_too_long"
+
+
 class InvalidTopicError(EQueueError):
     """A topic name that is not 1-127 chars of [A-Za-z0-9_.%-], or a reserved one."""
 

@@ -374,7 +374,8 @@ class Broker:
             "version": __version__, "data_dir": os.path.abspath(self.config.data_dir),
             "recovery": {"clean": self.recovery.clean, "truncated_bytes": self.recovery.truncated_bytes,
                          "rebuilt_entries": self.recovery.rebuilt_entries},
-            "stats": dict(self.stats), "held_pulls": self.hold.held})
+            "stats": dict(self.stats), "held_pulls": self.hold.held,
+            "scheduler": self.scheduler.stats()})
 
 
 async def run_broker(config: Config, ready: Callable[[Broker], None] | None = None,

@@ -11,8 +11,10 @@ from equeue_core.errors import InvalidTopicError, QueueNotFoundError, TopicNotFo
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.%-]{1,127}$")
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
-SCHEDULE_TOPIC = "%SCHEDULE%"
-SYSTEM_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX, SCHEDULE_TOPIC)
+SCHEDULE_TOPIC = "%SCHEDULE%"  # messages waiting for a delay level (broker/schedule.py)
+TIMER_TOPIC = "%TIMER%"  # messages waiting for an absolute deliver-at time: a ring of buckets
+QUARANTINE_TOPIC = "%QUARANTINE%"  # records a system topic cannot use (malformed), kept for inspection
+SYSTEM_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX, SCHEDULE_TOPIC, TIMER_TOPIC, QUARANTINE_TOPIC)
 META_KEY = "topics"
 
 
@@ -20,7 +22,7 @@ def check_topic_name(topic: object, allow_system: bool = False) -> str:
     if not isinstance(topic, str) or not TOPIC_NAME.match(topic):
         raise InvalidTopicError(f"invalid topic name {topic!r}: use 1-127 characters of [A-Za-z0-9_.%-]")
     if not allow_system and topic.startswith(SYSTEM_PREFIXES):
-        raise InvalidTopicError(f"topic names starting with %RETRY%, %DLQ% or %SCHEDULE% are reserved: {topic!r}")
+        raise InvalidTopicError(f"topic names starting with {', '.join(SYSTEM_PREFIXES)} are reserved: {topic!r}")
     return topic
 
 
