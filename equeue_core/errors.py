@@ -66,6 +66,12 @@ class InvalidTopicError(EQueueError):
     code = "invalid_topic"
 
 
+class SystemTopicError(InvalidTopicError):
+    """A producer or admin request naming a system topic (%RETRY%, %DLQ%, %SCHEDULE%, ...)."""
+
+    code = "system_topic"
+
+
 class TopicNotFoundError(EQueueError):
     """The topic does not exist (and auto-creation is off, or this was a pull)."""
 

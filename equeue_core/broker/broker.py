@@ -21,7 +21,13 @@ from equeue_core.broker.groups import GroupRegistry
 from equeue_core.broker.long_poll import PullHold
 from equeue_core.broker.retention import RetentionCleaner
 from equeue_core.broker.schedule import Scheduler
-from equeue_core.broker.topics import DLQ_PREFIX, RETRY_PREFIX, TopicRegistry, check_topic_name
+from equeue_core.broker.topics import (
+    DLQ_PREFIX,
+    RETRY_PREFIX,
+    TopicRegistry,
+    check_producer_topic,
+    check_topic_name,
+)
 from equeue_core.codes import Code, PullStatus
 from equeue_core.config import Config, parse_delay_levels
 from equeue_core.contracts import ServerConnection, StoreSettings, TransportSettings
@@ -198,6 +204,7 @@ class Broker:
         h = frame.header
         topic = _str(h, "topic")
         queue_id = _int(h, "queue_id")
+        check_producer_topic(topic)
         if topic not in self.topics.topics:
             check_topic_name(topic)
             self.topics.queues(topic, create=True)
