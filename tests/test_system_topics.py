@@ -10,6 +10,9 @@ import pytest
 
 from equeue_core import record
 from equeue_core.client import AdminClient, Consumer, Message, Producer
+from equeue_core.client.connection import BrokerConnection
+from equeue_core.client.loop import run_sync
+from equeue_core.codes import Code
 from equeue_core.config import Config
 from equeue_core.contracts import StoreSettings
 from equeue_core.errors import SystemTopicError
@@ -70,10 +73,26 @@ def test_producers_cannot_write_into_existing_system_topics(fast_broker):
                 p.send_batch([Message(topic, b"forged"), Message(topic, b"forged too")])
             with pytest.raises(SystemTopicError):
                 p.send(Message(topic, b"forged", delay_level=1))
+    # A client that skips the producer's route check (no create) and sends SEND frames itself:
+    # single, batch and delayed.
+    for topic in ("%RETRY%gsys", "%SCHEDULE%", "%TIMER%"):
+        for header, n in (({}, 1), ({}, 3), ({"delay_level": 1}, 1)):
+            with pytest.raises(SystemTopicError, match="system topic"):
+                run_sync(_raw_send(fast_broker.address, topic, n, header))
     with AdminClient(fast_broker.address) as admin:
         ranges = {t: admin.queue_ranges(t) for t in ("%RETRY%gsys", "%SCHEDULE%")}
     assert sum(hi for _, hi in ranges["%RETRY%gsys"]) == 1, "a forged record reached the retry topic"
     assert sum(hi for _, hi in ranges["%SCHEDULE%"]) == 1
+
+
+async def _raw_send(address: str, topic: str, n: int, extra: dict) -> None:
+    conn = await BrokerConnection(address).connect()
+    try:
+        await conn.request(Code.ROUTE, {"topic": topic})  # allowed: routes of system topics are public
+        body = b"".join(record.encode_record(topic, b"forged %d" % i) for i in range(n))
+        await conn.request(Code.SEND, {"topic": topic, "queue_id": 0, **extra}, body)
+    finally:
+        await conn.close()
 
 
 def _append_offline(data_dir, topic: str, queue_id: int, records: list[bytes]) -> None:
