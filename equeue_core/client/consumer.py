@@ -31,7 +31,7 @@ from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
 from equeue_core.codes import Code, PullStatus
-from equeue_core.errors import ClientClosedError, ConfigError, EQueueError, TopicNotFoundError
+from equeue_core.errors import ClientClosedError, ConfigError, EQueueError, TopicNotFoundError, TransportError
 from equeue_core.frame import Frame
 from equeue_core.plugins import get_plugin_manager
 
@@ -81,6 +81,9 @@ class AsyncConsumer:
         self.rebalance_interval = rebalance_interval
         self.commit_interval = commit_interval
         self.lock_interval = lock_interval
+        # How long a granted lock is trusted without renewal (RocketMQ: 30 s with 20 s renewals);
+        # the broker keeps it for queue_lock_expiry_s (60 s), so we always stop first.
+        self.lock_max_live = lock_interval * 1.5
         self.suspend_seconds = suspend_seconds
         self.offset_dir = offset_dir
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
@@ -277,14 +280,36 @@ class AsyncConsumer:
     async def _lock_all(self) -> None:
         if not self.queues or self._conn is None:
             return
-        h = (await self._conn.request(Code.LOCK_QUEUES, {
-            "group": self.group, "client_id": self.client_id,
-            "queues": [[t, q] for t, q in self.queues]})).header
+        asked = time.monotonic()
+        try:
+            h = (await self._conn.request(Code.LOCK_QUEUES, {
+                "group": self.group, "client_id": self.client_id,
+                "queues": [[t, q] for t, q in self.queues]})).header
+        except TransportError:
+            self._locks_lost()
+            raise
         locked = {(t, q) for t, q in h["locked"]}
         for key, pq in self.queues.items():
-            was, pq.locked = pq.locked, key in locked
-            if pq.locked and not was:
-                pq.wake()
+            if key in locked:
+                # Trusted for lock_max_live from when we asked (the broker keeps it longer), so
+                # a consumer cut off from the broker stops before anyone else may start.
+                pq.lock_until = asked + self.lock_max_live
+                if not pq.locked:
+                    pq.locked = True
+                    pq.wake()
+            elif pq.locked:
+                log.warning("lost the lock of %s/%d", *key)
+                pq.lose_lock()
+
+    def _locks_lost(self) -> None:
+        """The connection dropped: the broker released every lock it held for us, so stop
+        handling at once (another consumer may take the queues now) and lock again later."""
+        if not self.orderly:
+            return
+        for key, pq in self.queues.items():
+            if pq.locked:
+                log.warning("connection lost: the lock of %s/%d is gone", *key)
+                pq.lose_lock()
 
     # ---------------------------------------------------------------- pulling
 
@@ -297,17 +322,24 @@ class AsyncConsumer:
             header["tags"] = hashes
         backoff = 0.0
         while self._running and not pq.dropped:
-            if pq.is_full(*self.flow) or (self.orderly and not pq.locked):
+            if pq.is_full(*self.flow) or (self.orderly and not pq.holds_lock()):
                 await pq.wait_change(0.5)
                 continue
-            header["offset"] = pq.next_offset
+            epoch = pq.lock_epoch
             try:
+                if pq.needs_offset:  # the lock came back: someone else may have moved the queue on
+                    pq.next_offset = await self._start_offset(pq.topic, pq.queue_id)
+                    pq.last_committed = pq.next_offset
+                    pq.needs_offset = False
+                header["offset"] = pq.next_offset
                 resp = await self._conn.request(Code.PULL, header, timeout=self.hold_ms / 1000 + 15)
             except asyncio.CancelledError:
                 raise
             except ClientClosedError:
                 return
             except EQueueError as e:
+                if isinstance(e, TransportError):
+                    self._locks_lost()
                 backoff = min(5.0, backoff * 2 or 0.2)
                 log.warning("pull %s/%d failed: %s; retrying in %.1fs", pq.topic, pq.queue_id, e, backoff)
                 await asyncio.sleep(backoff)
@@ -315,6 +347,8 @@ class AsyncConsumer:
             backoff = 0.0
             if pq.dropped:
                 return
+            if pq.lock_epoch != epoch:  # pulled under a lock that is gone since: void
+                continue
             h = resp.header
             if h["status"] == PullStatus.OFFSET_RESET:
                 log.warning("offset %d of %s/%d is out of range; moving to %d",
@@ -339,13 +373,16 @@ class AsyncConsumer:
     # ---------------------------------------------------------------- handling
 
     def _run_chunk(self, msgs: list[ReceivedMessage], results: list[bool | None],
-                   stop_on_failure: bool = False) -> None:
+                   stop_on_failure: bool = False, keep_going: Callable[[], bool] | None = None) -> None:
         """Runs on a worker thread: call the handler, record success or failure per message
-        (orderly: stop at the first failure, leaving the rest unrun)."""
+        (orderly: stop at the first failure, leaving the rest unrun). Before each call,
+        keep_going() may say stop (an orderly lock is gone): the rest stays unrun (None)."""
         handler = self._handler
         assert handler is not None
         if self.consume_batch_size > 1:
             for i in range(0, len(msgs), self.consume_batch_size):
+                if keep_going is not None and not keep_going():
+                    return
                 part = msgs[i:i + self.consume_batch_size]
                 try:
                     handler(part)
@@ -355,8 +392,12 @@ class AsyncConsumer:
                     ok = False
                 for j in range(i, i + len(part)):
                     results[j] = ok
+                if not ok and stop_on_failure:
+                    return
             return
         for i, m in enumerate(msgs):
+            if keep_going is not None and not keep_going():
+                return
             try:
                 handler(m)
                 results[i] = True
@@ -367,11 +408,14 @@ class AsyncConsumer:
                     return
 
     async def _run_chunk_async(self, msgs: list[ReceivedMessage], results: list[bool | None],
-                               stop_on_failure: bool = False) -> None:
+                               stop_on_failure: bool = False,
+                               keep_going: Callable[[], bool] | None = None) -> None:
         handler = self._handler
         assert handler is not None
         step = self.consume_batch_size
         for i in range(0, len(msgs), step):
+            if keep_going is not None and not keep_going():
+                return
             part = msgs[i:i + step]
             try:
                 await handler(part if step > 1 else part[0])
@@ -384,15 +428,18 @@ class AsyncConsumer:
             if not ok and stop_on_failure:
                 return
 
-    async def _handle(self, msgs: list[ReceivedMessage], stop_on_failure: bool = False) -> list[bool | None]:
+    async def _handle(self, msgs: list[ReceivedMessage], stop_on_failure: bool = False,
+                      keep_going: Callable[[], bool] | None = None) -> list[bool | None]:
         """Run the handler over msgs: True handled, False failed, None not run (after a failure,
-        with stop_on_failure). A message not finished within consume_timeout counts as failed."""
+        with stop_on_failure, or once keep_going() said stop). A message not finished within
+        consume_timeout counts as failed."""
         results: list[bool | None] = [None] * len(msgs)
         if self._is_async:
-            work: asyncio.Future = asyncio.ensure_future(self._run_chunk_async(msgs, results, stop_on_failure))
+            work: asyncio.Future = asyncio.ensure_future(
+                self._run_chunk_async(msgs, results, stop_on_failure, keep_going))
         else:
             work = asyncio.get_running_loop().run_in_executor(self._pool, self._run_chunk, msgs, results,
-                                                              stop_on_failure)
+                                                              stop_on_failure, keep_going)
         try:
             await asyncio.wait_for(asyncio.shield(work), self.consume_timeout)
         except TimeoutError:
@@ -482,11 +529,15 @@ class AsyncConsumer:
         and retries that message locally up to max_reconsume_times; then it goes to the DLQ and
         the queue moves on."""
         while self._running and not pq.dropped:
-            if not pq.pending or not pq.locked:
+            if not pq.pending or not pq.holds_lock():
                 await pq.wait_change(0.5)
                 continue
             run = list(itertools.islice(pq.pending, 0, max(self.pull_batch, self.consume_batch_size)))
-            results = await self._handle(run, stop_on_failure=True)
+            epoch = pq.lock_epoch
+            results = await self._handle(run, stop_on_failure=True,
+                                         keep_going=lambda e=epoch: pq.holds_lock() and pq.lock_epoch == e)
+            if pq.lock_epoch != epoch:  # the lock went away meanwhile: the pulled messages were dropped
+                continue
             ok = 0
             while ok < len(run) and results[ok] is True:
                 ok += 1
@@ -501,19 +552,27 @@ class AsyncConsumer:
         """Retry a failed message in place (the queue waits), then dead-letter it."""
         failures = 1
         self.stats["failed"] += 1
-        while self._running and not pq.dropped:
+        epoch = pq.lock_epoch
+        while self._running and not pq.dropped and pq.lock_epoch == epoch:
+            if not pq.holds_lock():
+                await pq.wait_change(0.5)
+                continue
             if failures > self.max_reconsume_times:
                 while not await self._send_back(m, -1) and self._running:
                     await asyncio.sleep(self.suspend_seconds)
                 break
             m.reconsume_times += 1
             await asyncio.sleep(self.suspend_seconds)
+            if not pq.holds_lock() or pq.lock_epoch != epoch:
+                continue
             if (await self._handle([m]))[0] is True:
                 break
             failures += 1
             self.stats["failed"] += 1
         else:
-            return  # dropped or closing: the message stays uncommitted for the next owner
+            return  # dropped, closing or lock lost: the message stays uncommitted for the next owner
+        if pq.lock_epoch != epoch:
+            return
         self.stats["handled"] += 1
         pq.pending.popleft()
         pq.done(m)
@@ -524,6 +583,8 @@ class AsyncConsumer:
         await self._commit_queues(list(self.queues.values()))
 
     async def _commit_queues(self, queues: list[ProcessQueue]) -> None:
+        if self.orderly:  # only the lock holder speaks for an orderly queue's offset
+            queues = [pq for pq in queues if pq.locked and not pq.needs_offset]
         changed = [(pq, pq.committable()) for pq in queues]
         changed = [(pq, off) for pq, off in changed if off != pq.last_committed]
         if not changed:
