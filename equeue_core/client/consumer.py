@@ -105,6 +105,10 @@ class AsyncConsumer:
         self._rebalance_lock = asyncio.Lock()
         self._rebalance_soon: asyncio.TimerHandle | None = None
         self._running = False
+        # False once stop_handling() or close() was called: no message is handed to the handler
+        # any more (read by worker threads before each call), so what stays unhandled stays
+        # uncommitted.
+        self._handing_out = False
         self.stats = {"handled": 0, "failed": 0, "sent_back": 0}
 
     # ---------------------------------------------------------------- setup
@@ -131,6 +135,7 @@ class AsyncConsumer:
         info = (await self._conn.request(Code.BROKER_INFO)).header
         self._id_prefix = _id_prefix(info["address"])
         self._running = True
+        self._handing_out = True
         await self._heartbeat()
         await self.rebalance()
         loop = asyncio.get_running_loop()
@@ -140,6 +145,15 @@ class AsyncConsumer:
         if self.orderly:
             self._background.append(loop.create_task(self._lock_loop()))
         return self
+
+    def stop_handling(self) -> None:
+        """Hand no more messages to the handler (thread-safe; a handler may call it). A call in
+        progress finishes; messages not handed out stay uncommitted, so the group gets them
+        again. For a consumer that stops early (a count reached); call close() next."""
+        self._handing_out = False
+
+    def _keep_handing_out(self) -> bool:
+        return self._handing_out
 
     async def _every(self, interval: float, fn: Callable[[], Any]) -> None:
         while self._running:
@@ -475,10 +489,14 @@ class AsyncConsumer:
             self._start_ready(pq)
 
     async def _consume(self, pq: ProcessQueue, msgs: list[ReceivedMessage]) -> None:
-        oks = await self._handle(msgs)
-        failed = [m for m, ok in zip(msgs, oks, strict=True) if ok is not True]
-        pq.done_many([m for m, ok in zip(msgs, oks, strict=True) if ok is True] if failed else msgs)
-        self.stats["handled"] += len(msgs) - len(failed)
+        if not self._handing_out:
+            return  # stopping: never handed out, so they stay in flight (uncommitted)
+        oks = await self._handle(msgs, keep_going=self._keep_handing_out)
+        # None: not handed out (stopping): neither done nor failed, it stays in flight
+        failed = [m for m, ok in zip(msgs, oks, strict=True) if ok is False]
+        handled = [m for m, ok in zip(msgs, oks, strict=True) if ok is True]
+        pq.done_many(handled)
+        self.stats["handled"] += len(handled)
         self.stats["failed"] += len(failed)
         if failed and not pq.dropped:
             await self._send_back_or_retry(pq, failed)
@@ -535,7 +553,8 @@ class AsyncConsumer:
             run = list(itertools.islice(pq.pending, 0, max(self.pull_batch, self.consume_batch_size)))
             epoch = pq.lock_epoch
             results = await self._handle(run, stop_on_failure=True,
-                                         keep_going=lambda e=epoch: pq.holds_lock() and pq.lock_epoch == e)
+                                         keep_going=lambda e=epoch: (self._handing_out and pq.holds_lock()
+                                                                     and pq.lock_epoch == e))
             if pq.lock_epoch != epoch:  # the lock went away meanwhile: the pulled messages were dropped
                 continue
             ok = 0
@@ -629,6 +648,7 @@ class AsyncConsumer:
         if not self._running:
             return
         self._running = False
+        self._handing_out = False  # the calls in progress finish; buffered messages stay unhandled
         if self._rebalance_soon is not None:
             self._rebalance_soon.cancel()
         for t in self._background:
@@ -700,6 +720,10 @@ class Consumer:
 
     def commit(self) -> None:
         run_sync(self._async.commit())
+
+    def stop_handling(self) -> None:
+        """Hand no more messages to the handler (a handler may call it); see AsyncConsumer."""
+        self._async.stop_handling()
 
     def close(self) -> None:
         run_sync(self._async.close())
