@@ -144,6 +144,7 @@ class Scheduler:
         self._read_again_at: dict[Key, int] = {}  # a read failed: not before this time (ms)
         self.counts = {"delivered": 0, "dead_lettered": 0, "quarantined": 0, "retried": 0}
         self._wake = asyncio.Event()
+        self._saved: int | None = None  # the open_from last persisted
         topics = broker.topics
         if topics.topics.get(SCHEDULE_TOPIC, 0) < self.queue_count:
             topics.create(SCHEDULE_TOPIC, self.queue_count, system=True)
@@ -358,7 +359,7 @@ class Scheduler:
         result = self.broker.append(key[0], key[1], batch, starts)
         limit = self._limit.get(key)
         if (limit is not None and due <= limit and self._cursor.get(key) == result.first_queue_offset
-                and not self._blocked.get(key)):  # caught up and in the window: straight to the heap
+                and not self._blocked.get(key) and len(self._heap) < MAX_HEAP):  # caught up and in the window: straight to the heap
             for i, p in enumerate(result.positions):
                 self._push(key, result.first_queue_offset + i, p, due)
             self._cursor[key] = result.first_queue_offset + len(result.positions)
@@ -396,8 +397,6 @@ class Scheduler:
             except Exception:
                 log.exception("delivering delayed messages failed; retrying in 1 s")
                 await asyncio.sleep(1)
-
-    _saved: int | None = None
 
     async def _persist_if_moved(self) -> None:
         """Persist when the ring moved on without a delivery (a bucket closed), so a restart does
