@@ -141,3 +141,41 @@ def test_kill_9_around_delivery_loses_no_delayed_message(tmp_path):
             c.close()
     finally:
         b.stop()
+
+
+def test_a_delivery_the_store_cannot_append_stays_pending_and_is_retried(tmp_path):
+    """The commit log refuses writes (the broker's file-size limit is lowered to the log's current
+    size: every append fails with EFBIG, like a full disk); the due message must wait, backing
+    off, and arrive once appends work again."""
+    import resource
+
+    b = _broker(tmp_path).start()
+    try:
+        with Producer(b.address) as p:
+            # The target queue and its index exist already, and the commit log is the largest
+            # file the broker writes (the limit applies to every file: offsets, its log, ...).
+            p.send_batch([Message("late", b"plain" * 20_000) for _ in range(12)], routing_key="one")
+            p.send(Message("late", b"delayed", deliver_at=now_ms() + 1000), routing_key="one")
+        log_dir = b.data_dir / "commitlog"
+        newest = max(log_dir.iterdir(), key=lambda f: f.name)
+        pid = b.proc.pid
+        soft, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (newest.stat().st_size, hard))
+        try:
+            assert wait_until(lambda: scheduler_stats(b.address)["retried"] >= 2, 20), \
+                "the failing delivery was not retried"
+            stats = scheduler_stats(b.address)
+            assert stats["backing_off"] == 1 and stats["delivered"] == 0, stats
+        finally:
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (soft, hard))
+        col = Collector(13)
+        c = Consumer("glate", b.address, consume_from="first", **FAST).subscribe("late")
+        c.start(col)
+        try:
+            assert col.wait(30), "the delayed message was lost after the store failed"
+        finally:
+            c.close()
+        assert [body for *_, body in col.items].count(b"delayed") == 1
+        assert scheduler_stats(b.address)["delivered"] == 1
+    finally:
+        b.stop()
