@@ -148,9 +148,9 @@ class Scheduler:
         topics = broker.topics
         if topics.topics.get(SCHEDULE_TOPIC, 0) < self.queue_count:
             topics.create(SCHEDULE_TOPIC, self.queue_count, system=True)
-        state = self._load_progress()
         self.max_delay_ms = parse_duration_ms(broker.config.max_deliver_delay)
         self.bucket_ms, self.buckets = ring_layout(self.max_delay_ms)
+        state = self._load_progress(self.queue_count, self.buckets)
         if state.bucket_ms and state.buckets and TIMER_TOPIC in topics.topics:
             self.bucket_ms, self.buckets = state.bucket_ms, state.buckets  # data is laid out so
             capacity = (self.buckets - 2) * self.bucket_ms
@@ -174,9 +174,10 @@ class Scheduler:
 
     # ---------------------------------------------------------------- persisted progress
 
-    def _load_progress(self) -> ScheduleProgress:
+    def _load_progress(self, queue_count: int, max_buckets: int) -> ScheduleProgress:
         """Read the persisted state: the document of META_DELIVERED and the `%SCHEDULE%` group's
-        offsets of every waiting queue."""
+        offsets of every waiting queue (`queue_count` of %SCHEDULE%, up to `max_buckets` of the
+        ring, or the ring size the document records)."""
         offsets = self.broker.offsets
         raw = offsets.get_meta(META_DELIVERED)
         doc = json.loads(raw) if raw else {}
@@ -189,8 +190,11 @@ class Scheduler:
         state.open_from = doc.get("open_from")
         state.bucket_ms = doc.get("bucket_ms")
         state.buckets = doc.get("buckets")
-        for (group, topic, q), off in offsets.all().items():
-            if group == SCHEDULE_GROUP and topic in (SCHEDULE_TOPIC, TIMER_TOPIC):
+        keys = [(SCHEDULE_TOPIC, q) for q in range(queue_count)]
+        keys += [(TIMER_TOPIC, q) for q in range(state.buckets or max_buckets)]
+        for topic, q in keys:
+            off = offsets.get(SCHEDULE_GROUP, topic, q)
+            if off is not None:
                 state.offsets[(topic, q)] = off
         return state
 
