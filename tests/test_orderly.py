@@ -62,7 +62,6 @@ def test_a_consumer_whose_connection_drops_stops_before_the_next_lock_holder_sta
         # A has pulled far ahead of what it handled when its connection goes
         assert wait_until(lambda: len(calls) >= 30, 30)
         proxy.cut()
-        cut_at = time.monotonic()
         second = Consumer("gord", b.address, orderly=True, consume_from="first", **FAST).subscribe("ordq")
         second.start(handler_for("B"))
         # B handles in order, so once it reached the last offset it handled everything after A
@@ -78,8 +77,6 @@ def test_a_consumer_whose_connection_drops_stops_before_the_next_lock_holder_sta
     b_first = b_calls[0][1]
     late = [o for o, t in a_calls if t >= b_first]
     assert not late, f"A kept handling {len(late)} messages after B took the queue (offsets {late[:5]}...)"
-    late_after_cut = [o for o, t in a_calls if t > cut_at + 0.5]
-    assert not late_after_cut, f"A handled {len(late_after_cut)} messages after its connection dropped"
     for offs in ([o for o, _ in a_calls], [o for o, _ in b_calls]):
         assert offs == sorted(offs) and len(set(offs)) == len(offs), "per-queue order broken"
     a_last = a_calls[-1][0]
