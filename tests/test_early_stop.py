@@ -65,6 +65,7 @@ def test_close_with_buffered_messages_commits_only_what_the_handler_finished(fil
     closing = time.monotonic()
     c.close()
     after = [o for o, t in started if t > closing]
-    assert len(after) == 0, f"close() handed {len(after)} more buffered messages to the handler"
+    # at most one call may start in the instant between `closing` and close() reaching the loop
+    assert len(after) <= 1, f"close() handed {len(after)} more buffered messages to the handler"
     assert finished == list(range(len(finished)))
     assert committed(file_broker.address, "gclose", "buffered") == {0: len(finished)}
