@@ -145,6 +145,7 @@ class Scheduler:
         self.counts = {"delivered": 0, "dead_lettered": 0, "quarantined": 0, "retried": 0}
         self._wake = asyncio.Event()
         self._saved: int | None = None  # the open_from last persisted
+        self._settled: set[tuple[str, int, int]] = set()  # marked or backing off, this round
         topics = broker.topics
         if topics.topics.get(SCHEDULE_TOPIC, 0) < self.queue_count:
             topics.create(SCHEDULE_TOPIC, self.queue_count, system=True)
@@ -362,8 +363,9 @@ class Scheduler:
         starts = record.scan(batch)
         result = self.broker.append(key[0], key[1], batch, starts)
         limit = self._limit.get(key)
+        # caught up with this queue and due within its window: straight to the heap
         if (limit is not None and due <= limit and self._cursor.get(key) == result.first_queue_offset
-                and not self._blocked.get(key) and len(self._heap) < MAX_HEAP):  # caught up and in the window: straight to the heap
+                and not self._blocked.get(key) and len(self._heap) < MAX_HEAP):
             for i, p in enumerate(result.positions):
                 self._push(key, result.first_queue_offset + i, p, due)
             self._cursor[key] = result.first_queue_offset + len(result.positions)
@@ -376,21 +378,21 @@ class Scheduler:
 
     async def run_forever(self) -> None:
         while True:
-            now = record.now_ms()
-            self._advance(now)
-            timeout = SCAN_INTERVAL_S
-            if self._heap:
-                timeout = min(timeout, max(0.0, (self._heap[0][0] - now) / 1000))
-            if timeout > 0:
-                self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout)
-                except TimeoutError:
-                    pass
-                if not self._heap or self._heap[0][0] > record.now_ms():
-                    await self._persist_if_moved()
-                    continue
             try:
+                now = record.now_ms()
+                self._advance(now)
+                timeout = SCAN_INTERVAL_S
+                if self._heap:
+                    timeout = min(timeout, max(0.0, (self._heap[0][0] - now) / 1000))
+                if timeout > 0:
+                    self._wake.clear()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), timeout)
+                    except TimeoutError:
+                        pass
+                    if not self._heap or self._heap[0][0] > record.now_ms():
+                        await self._persist_if_moved()
+                        continue
                 last = self._deliver_due(record.now_ms())
                 if last is not None:
                     # The copies are durable before the progress that passes them is (sync
@@ -417,6 +419,16 @@ class Scheduler:
         due_now: list[tuple[int, str, int, int, int]] = []
         while self._heap and self._heap[0][0] <= now and len(due_now) < MAX_DELIVERY_ROUND:
             due_now.append(heapq.heappop(self._heap))
+        self._settled = set()
+        try:
+            return self._deliver(due_now, now)
+        except Exception as e:  # a bug: nothing popped may vanish, each one waits and is tried again
+            for entry in due_now:
+                if entry[1:4] not in self._settled:
+                    self._back_off(entry, now, e)
+            raise
+
+    def _deliver(self, due_now: list[tuple[int, str, int, int, int]], now: int) -> AppendResult | None:
         batches: dict[tuple[str, int], list[tuple[tuple, bytes]]] = {}
         dead: list[tuple[tuple, record.StoredMessage, str]] = []
         bad: list[tuple[tuple, bytes, str]] = []
@@ -492,6 +504,7 @@ class Scheduler:
     def _mark(self, entry: tuple) -> None:
         _due, topic, q, offset, _pos = entry
         key = (topic, q)
+        self._settled.add((topic, q, offset))
         self._pending[key].discard(offset)
         self._delivered[key].add(offset)
         self._attempts.pop((key, offset), None)
@@ -499,6 +512,7 @@ class Scheduler:
     def _back_off(self, entry: tuple, now: int, error: Exception) -> None:
         """Keep a message pending and try it again later (the cause may go away)."""
         key = (entry[1], entry[2])
+        self._settled.add(entry[1:4])
         n = self._attempts.get((key, entry[3]), 0) + 1
         self._attempts[(key, entry[3])] = n
         wait = min(BACKOFF_MS[1], BACKOFF_MS[0] << min(n - 1, 16))
