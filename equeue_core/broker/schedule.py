@@ -211,9 +211,7 @@ class Scheduler:
     def _progress(self) -> ScheduleProgress:
         """Snapshot of the progress of every queue read in this run (on the event loop)."""
         state = ScheduleProgress(open_from=self._open_from, bucket_ms=self.bucket_ms, buckets=self.buckets)
-        for key, cursor in self._cursor.items():
-            pending = self._pending.get(key)
-            progress = min(pending) if pending else cursor
+        for key, progress in self.progress().items():
             state.offsets[key] = progress
             self._delivered[key] = {o for o in self._delivered.get(key, ()) if o >= progress}
             state.delivered[key] = set(self._delivered[key])
@@ -317,13 +315,18 @@ class Scheduler:
     def pending(self) -> int:
         return len(self._heap)
 
+    def progress(self) -> dict[Key, int]:
+        """Each waiting queue read in this run: its smallest undelivered offset (what retention
+        must keep; a queue not listed was not read and keeps everything from its start)."""
+        return {key: (min(self._pending[key]) if self._pending.get(key) else cursor)
+                for key, cursor in sorted(self._cursor.items())}
+
     def stats(self) -> dict:
         """Numbers an operator (and a test) can read through BROKER_INFO."""
         return {"in_memory": len(self._heap), "open_queues": len(self._limit),
                 "backing_off": len(self._attempts), "max_delay_ms": self.max_delay_ms,
                 "bucket_ms": self.bucket_ms, "buckets": self.buckets,
-                "progress": {f"{t}:{q}": (min(self._pending[(t, q)]) if self._pending.get((t, q)) else c)
-                             for (t, q), c in sorted(self._cursor.items())},
+                "progress": {f"{t}:{q}": off for (t, q), off in self.progress().items()},
                 **self.counts}
 
     # ---------------------------------------------------------------- scheduling
