@@ -97,6 +97,7 @@ def test_a_far_future_message_pins_neither_memory_nor_progress(tmp_path):
         with AdminClient(b.address) as admin:
             timer = admin.topics(system=True)["%TIMER%"]
         stats = scheduler_stats(b.address)
+        assert stats["waiting"] == 1, stats
         assert stats["in_memory"] == 0, f"the far message (or others) are held in memory: {stats}"
         assert stats["progress"]["%SCHEDULE%:0"] == 200, "progress did not move past the near messages"
         bucket = next(q for q, (lo, hi) in enumerate(timer["ranges"]) if hi > lo and hi == 1)

@@ -313,7 +313,18 @@ class Scheduler:
 
     @property
     def pending(self) -> int:
-        return len(self._heap)
+        """Delayed messages and retries stored and not delivered yet, in memory or not."""
+        store = self.broker.store
+        read = self.progress()
+        waiting = 0
+        for topic in (SCHEDULE_TOPIC, TIMER_TOPIC):
+            for q in store.queues().get(topic, ()):
+                key = (topic, q)
+                lo, hi = store.queue_range(topic, q)
+                start = max(lo, read.get(key, self._state.offsets.get(key, lo)))
+                done = self._delivered.get(key, self._state.delivered.get(key, ()))
+                waiting += max(0, hi - start - sum(1 for o in done if start <= o < hi))
+        return waiting
 
     def progress(self) -> dict[Key, int]:
         """Each waiting queue read in this run: its smallest undelivered offset (what retention
@@ -323,7 +334,7 @@ class Scheduler:
 
     def stats(self) -> dict:
         """Numbers an operator (and a test) can read through BROKER_INFO."""
-        return {"in_memory": len(self._heap), "open_queues": len(self._limit),
+        return {"waiting": self.pending, "in_memory": len(self._heap), "open_queues": len(self._limit),
                 "backing_off": len(self._attempts), "max_delay_ms": self.max_delay_ms,
                 "bucket_ms": self.bucket_ms, "buckets": self.buckets,
                 "progress": {f"{t}:{q}": off for (t, q), off in self.progress().items()},
