@@ -51,6 +51,7 @@ class Config:
     cluster: str = "DefaultCluster"
     register_interval_s: float = 30.0
     broker_expiry_s: float = 120.0  # name server: drop a broker silent this long
+    max_deliver_delay: str = "40d"
     store_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def store_settings_options(self) -> dict[str, Any]:
@@ -105,6 +106,8 @@ def validate(cfg: Config) -> Config:
     if cfg.default_queues > 1024:
         raise ConfigError("config default_queues: at most 1024")
     parse_delay_levels(cfg.delay_levels)
+    if parse_duration_ms(cfg.max_deliver_delay) <= 0:
+        raise ConfigError("config max_deliver_delay: must be positive")
     if cfg.retention_policy not in ("time_and_consumed", "time", "consumed"):
         raise ConfigError(f"config retention_policy: {cfg.retention_policy!r} must be "
                           "'time_and_consumed', 'time' or 'consumed'")

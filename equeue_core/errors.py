@@ -54,10 +54,22 @@ class MessageTooLargeError(InvalidMessageError):
     code = "message_too_large"
 
 
+class DelayTooLongError(InvalidMessageError):
+    """A deliver-at time further away than the broker's max_deliver_delay."""
+
+    code = "delay_too_long"
+
+
 class InvalidTopicError(EQueueError):
     """A topic name that is not 1-127 chars of [A-Za-z0-9_.%-], or a reserved one."""
 
     code = "invalid_topic"
+
+
+class SystemTopicError(InvalidTopicError):
+    """A producer or admin request naming a system topic (%RETRY%, %DLQ%, %SCHEDULE%, ...)."""
+
+    code = "system_topic"
 
 
 class TopicNotFoundError(EQueueError):

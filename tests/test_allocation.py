@@ -67,3 +67,37 @@ def test_unknown_strategy_lists_installed_ones():
 
     with pytest.raises(PluginError, match="averagely"):
         allocate("nope", "a", [0], ["a"])
+
+
+def test_consistent_hash_matches_rocketmqs_ring():
+    """Values computed from RocketMQ's AllocateMessageQueueConsistentHash (ConsistentHashRouter
+    with MD5Hash, 10 virtual nodes), re-derivable with nothing but hashlib:
+
+        h(key) = int.from_bytes(md5(key.encode("utf-8")).digest()[:4], "big")
+        ring   = {h(f"{cid}-{i}"): cid for cid in sorted(ids) for i in range(10)}
+        owner(queue) = ring[first point >= h(queue key)], or ring[min point] if none is
+
+    A (topic, id) queue's key is f"{topic}@{id}" (ours; Java hashes MessageQueue.toString()).
+    Some values: h("c0-0") = 2316876094 (md5 8a18b93e...), h("c1-0") = 3886541579 (e7a7eb0b...),
+    h("c2-0") = 830676049 (31831c51...), h("orders@0") = 2387797702 (8e52e6c6...); the highest
+    point of c0..c2 is 4293005705 (c0), the lowest 198527331 (c2).
+    """
+    from equeue_core.strategies.allocation import queue_key, ring_hash
+
+    assert [ring_hash(k) for k in ("c0-0", "c1-0", "c2-0", "orders@0")] == \
+        [2316876094, 3886541579, 830676049, 2387797702]
+    ids = ["c2", "c0", "c1"]
+    queues = [("orders", q) for q in range(8)]
+    assert queue_key(queues[0]) == "orders@0"
+    got = {c: [q for _, q in allocate("consistent_hash", c, queues, ids)] for c in ids}
+    # e.g. orders@1: h = 670789057, first point at or after it is h("c2-?") = 830676049 -> c2
+    assert got == {"c0": [0, 2, 3, 5], "c1": [6, 7], "c2": [1, 4]}
+    # c1 leaves: only its queues move, each to the next point clockwise
+    got = {c: [q for _, q in allocate("consistent_hash", c, queues, ["c0", "c2"])] for c in ("c0", "c2")}
+    assert got == {"c0": [0, 2, 3, 5, 7], "c2": [1, 4, 6]}
+    # past the highest point the ring wraps to the lowest: h("orders@4324") = 4294888597 -> c2
+    assert allocate("consistent_hash", "c2", [("orders", 4324)], ids) == [("orders", 4324)]
+    # "at or after": a queue whose key hashes exactly onto a point goes to that point's owner
+    # (h("c1-4") = 3912933846 is c1's point; the next point after it is c2's)
+    assert allocate("consistent_hash", "c1", ["c1-4", "c2-9"], ids) == ["c1-4"]
+    assert allocate("consistent_hash", "c2", ["c1-4", "c2-9"], ids) == ["c2-9"]

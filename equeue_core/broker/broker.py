@@ -22,7 +22,13 @@ from equeue_core.broker.long_poll import PullHold
 from equeue_core.broker.metrics import BrokerMetrics
 from equeue_core.broker.retention import RetentionCleaner
 from equeue_core.broker.schedule import Scheduler
-from equeue_core.broker.topics import DLQ_PREFIX, RETRY_PREFIX, TopicRegistry, check_topic_name
+from equeue_core.broker.topics import (
+    DLQ_PREFIX,
+    RETRY_PREFIX,
+    TopicRegistry,
+    check_producer_topic,
+    check_topic_name,
+)
 from equeue_core.codes import Code, PullStatus
 from equeue_core.config import Config, parse_delay_levels
 from equeue_core.contracts import ServerConnection, StoreSettings, TransportSettings
@@ -224,6 +230,7 @@ class Broker:
         h = frame.header
         topic = _str(h, "topic")
         queue_id = _int(h, "queue_id")
+        check_producer_topic(topic)
         if topic not in self.topics.topics:
             check_topic_name(topic)
             self.topics.queues(topic, create=True)
@@ -406,7 +413,8 @@ class Broker:
             "version": __version__, "data_dir": os.path.abspath(self.config.data_dir),
             "recovery": {"clean": self.recovery.clean, "truncated_bytes": self.recovery.truncated_bytes,
                          "rebuilt_entries": self.recovery.rebuilt_entries},
-            "stats": dict(self.stats), "held_pulls": self.hold.held})
+            "stats": dict(self.stats), "held_pulls": self.hold.held,
+            "scheduler": self.scheduler.stats()})
 
 
 async def run_broker(config: Config, ready: Callable[[Broker], None] | None = None,

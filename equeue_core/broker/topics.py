@@ -7,13 +7,15 @@ import re
 from collections.abc import Callable
 
 from equeue_core.contracts import OffsetStore
-from equeue_core.errors import InvalidTopicError, QueueNotFoundError, TopicNotFoundError
+from equeue_core.errors import InvalidTopicError, QueueNotFoundError, SystemTopicError, TopicNotFoundError
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.%-]{1,127}$")
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
-SCHEDULE_TOPIC = "%SCHEDULE%"
-SYSTEM_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX, SCHEDULE_TOPIC)
+SCHEDULE_TOPIC = "%SCHEDULE%"  # messages waiting for a delay level (broker/schedule.py)
+TIMER_TOPIC = "%TIMER%"  # messages waiting for an absolute deliver-at time: a ring of buckets
+QUARANTINE_TOPIC = "%QUARANTINE%"  # records a system topic cannot use (malformed), kept for inspection
+SYSTEM_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX, SCHEDULE_TOPIC, TIMER_TOPIC, QUARANTINE_TOPIC)
 META_KEY = "topics"
 
 
@@ -21,8 +23,17 @@ def check_topic_name(topic: object, allow_system: bool = False) -> str:
     if not isinstance(topic, str) or not TOPIC_NAME.match(topic):
         raise InvalidTopicError(f"invalid topic name {topic!r}: use 1-127 characters of [A-Za-z0-9_.%-]")
     if not allow_system and topic.startswith(SYSTEM_PREFIXES):
-        raise InvalidTopicError(f"topic names starting with %RETRY%, %DLQ% or %SCHEDULE% are reserved: {topic!r}")
+        raise SystemTopicError(f"{topic!r} is a system topic: only the broker writes topics starting with "
+                               f"{', '.join(SYSTEM_PREFIXES)}", topic=topic)
     return topic
+
+
+def check_producer_topic(topic: object) -> str:
+    """A topic a producer may send to: never a system topic, whether or not it exists yet (the
+    broker writes those through its own paths: send-back, scheduler, dead letters)."""
+    if isinstance(topic, str) and topic.startswith(SYSTEM_PREFIXES):
+        raise SystemTopicError(f"{topic!r} is a system topic: producers may not send to it", topic=topic)
+    return topic  # type: ignore[return-value]
 
 
 class TopicRegistry:

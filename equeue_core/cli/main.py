@@ -181,9 +181,13 @@ def cmd_consume(args: argparse.Namespace) -> int:
         nonlocal count
         with lock:
             if args.count is not None and count >= args.count:
-                return
+                # Not ours to take: failing it keeps it uncommitted (stop_handling below makes
+                # this rare: it only happens to a call that had already started).
+                raise RuntimeError("count reached")
             count += 1
             c = count
+            if args.count is not None and c >= args.count:
+                consumer.stop_handling()  # the rest of what was pulled stays uncommitted
         if not args.quiet:
             body = m.body.decode("utf-8", "replace")
             print(f"{m.topic}\t{m.queue_id}\t{m.queue_offset}\t{m.tag or ''}\t{body}", flush=True)

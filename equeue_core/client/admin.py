@@ -124,7 +124,7 @@ class AsyncAdminClient:
             return 0
         async with AsyncProducer(self.broker) as producer:
             for m in msgs:
-                props = {k: v for k, v in m.properties.items() if k not in ("RETRY_TOPIC", "ORIGIN_MSG_ID")}
+                props = {k: v for k, v in m.properties.items() if k not in ("RETRY_TOPIC", "ORIGIN_MSG_ID", "DLQ_REASON")}
                 await producer.send_batch([Message(m.topic, m.body, m.tag, m.keys, props or None)])
         return len(msgs)
 

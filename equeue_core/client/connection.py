@@ -44,12 +44,15 @@ class BrokerConnection:
                                              self._push)
         return self
 
-    def _push(self, frame: Frame) -> None:
+    def _push(self, frame: Frame) -> Any:
+        """Hand a push to on_push and return what it returns: the transport runs an awaitable
+        result as a task (equeue_core/push.py), so an async on_push is awaited, not dropped."""
         if self._on_push is not None:
             try:
-                self._on_push(frame)
+                return self._on_push(frame)
             except Exception:
                 log.exception("push handler failed")
+        return None
 
     async def request(self, code: int, header: dict[str, Any] | None = None, body: bytes = b"",
                       timeout: float = DEFAULT_TIMEOUT) -> Frame:

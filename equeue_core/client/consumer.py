@@ -31,7 +31,7 @@ from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
 from equeue_core.codes import Code, PullStatus
-from equeue_core.errors import ClientClosedError, ConfigError, EQueueError, TopicNotFoundError
+from equeue_core.errors import ClientClosedError, ConfigError, EQueueError, TopicNotFoundError, TransportError
 from equeue_core.frame import Frame
 from equeue_core.plugins import get_plugin_manager
 
@@ -81,6 +81,9 @@ class AsyncConsumer:
         self.rebalance_interval = rebalance_interval
         self.commit_interval = commit_interval
         self.lock_interval = lock_interval
+        # How long a granted lock is trusted without renewal (RocketMQ: 30 s with 20 s renewals);
+        # the broker keeps it for queue_lock_expiry_s (60 s), so we always stop first.
+        self.lock_max_live = lock_interval * 1.5
         self.suspend_seconds = suspend_seconds
         self.offset_dir = offset_dir
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
@@ -102,6 +105,10 @@ class AsyncConsumer:
         self._rebalance_lock = asyncio.Lock()
         self._rebalance_soon: asyncio.TimerHandle | None = None
         self._running = False
+        # False once stop_handling() or close() was called: no message is handed to the handler
+        # any more (read by worker threads before each call), so what stays unhandled stays
+        # uncommitted.
+        self._handing_out = False
         self.stats = {"handled": 0, "failed": 0, "sent_back": 0}
 
     # ---------------------------------------------------------------- setup
@@ -128,6 +135,7 @@ class AsyncConsumer:
         info = (await self._conn.request(Code.BROKER_INFO)).header
         self._id_prefix = _id_prefix(info["address"])
         self._running = True
+        self._handing_out = True
         await self._heartbeat()
         await self.rebalance()
         loop = asyncio.get_running_loop()
@@ -137,6 +145,15 @@ class AsyncConsumer:
         if self.orderly:
             self._background.append(loop.create_task(self._lock_loop()))
         return self
+
+    def stop_handling(self) -> None:
+        """Hand no more messages to the handler (thread-safe; a handler may call it). A call in
+        progress finishes; messages not handed out stay uncommitted, so the group gets them
+        again. For a consumer that stops early (a count reached); call close() next."""
+        self._handing_out = False
+
+    def _keep_handing_out(self) -> bool:
+        return self._handing_out
 
     async def _every(self, interval: float, fn: Callable[[], Any]) -> None:
         while self._running:
@@ -277,14 +294,36 @@ class AsyncConsumer:
     async def _lock_all(self) -> None:
         if not self.queues or self._conn is None:
             return
-        h = (await self._conn.request(Code.LOCK_QUEUES, {
-            "group": self.group, "client_id": self.client_id,
-            "queues": [[t, q] for t, q in self.queues]})).header
+        asked = time.monotonic()
+        try:
+            h = (await self._conn.request(Code.LOCK_QUEUES, {
+                "group": self.group, "client_id": self.client_id,
+                "queues": [[t, q] for t, q in self.queues]})).header
+        except TransportError:
+            self._locks_lost()
+            raise
         locked = {(t, q) for t, q in h["locked"]}
         for key, pq in self.queues.items():
-            was, pq.locked = pq.locked, key in locked
-            if pq.locked and not was:
-                pq.wake()
+            if key in locked:
+                # Trusted for lock_max_live from when we asked (the broker keeps it longer), so
+                # a consumer cut off from the broker stops before anyone else may start.
+                pq.lock_until = asked + self.lock_max_live
+                if not pq.locked:
+                    pq.locked = True
+                    pq.wake()
+            elif pq.locked:
+                log.warning("lost the lock of %s/%d", *key)
+                pq.lose_lock()
+
+    def _locks_lost(self) -> None:
+        """The connection dropped: the broker released every lock it held for us, so stop
+        handling at once (another consumer may take the queues now) and lock again later."""
+        if not self.orderly:
+            return
+        for key, pq in self.queues.items():
+            if pq.locked:
+                log.warning("connection lost: the lock of %s/%d is gone", *key)
+                pq.lose_lock()
 
     # ---------------------------------------------------------------- pulling
 
@@ -297,17 +336,24 @@ class AsyncConsumer:
             header["tags"] = hashes
         backoff = 0.0
         while self._running and not pq.dropped:
-            if pq.is_full(*self.flow) or (self.orderly and not pq.locked):
+            if pq.is_full(*self.flow) or (self.orderly and not pq.holds_lock()):
                 await pq.wait_change(0.5)
                 continue
-            header["offset"] = pq.next_offset
+            epoch = pq.lock_epoch
             try:
+                if pq.needs_offset:  # the lock came back: someone else may have moved the queue on
+                    pq.next_offset = await self._start_offset(pq.topic, pq.queue_id)
+                    pq.last_committed = pq.next_offset
+                    pq.needs_offset = False
+                header["offset"] = pq.next_offset
                 resp = await self._conn.request(Code.PULL, header, timeout=self.hold_ms / 1000 + 15)
             except asyncio.CancelledError:
                 raise
             except ClientClosedError:
                 return
             except EQueueError as e:
+                if isinstance(e, TransportError):
+                    self._locks_lost()
                 backoff = min(5.0, backoff * 2 or 0.2)
                 log.warning("pull %s/%d failed: %s; retrying in %.1fs", pq.topic, pq.queue_id, e, backoff)
                 await asyncio.sleep(backoff)
@@ -315,6 +361,8 @@ class AsyncConsumer:
             backoff = 0.0
             if pq.dropped:
                 return
+            if pq.lock_epoch != epoch:  # pulled under a lock that is gone since: void
+                continue
             h = resp.header
             if h["status"] == PullStatus.OFFSET_RESET:
                 log.warning("offset %d of %s/%d is out of range; moving to %d",
@@ -339,13 +387,16 @@ class AsyncConsumer:
     # ---------------------------------------------------------------- handling
 
     def _run_chunk(self, msgs: list[ReceivedMessage], results: list[bool | None],
-                   stop_on_failure: bool = False) -> None:
+                   stop_on_failure: bool = False, keep_going: Callable[[], bool] | None = None) -> None:
         """Runs on a worker thread: call the handler, record success or failure per message
-        (orderly: stop at the first failure, leaving the rest unrun)."""
+        (orderly: stop at the first failure, leaving the rest unrun). Before each call,
+        keep_going() may say stop (an orderly lock is gone): the rest stays unrun (None)."""
         handler = self._handler
         assert handler is not None
         if self.consume_batch_size > 1:
             for i in range(0, len(msgs), self.consume_batch_size):
+                if keep_going is not None and not keep_going():
+                    return
                 part = msgs[i:i + self.consume_batch_size]
                 try:
                     handler(part)
@@ -355,8 +406,12 @@ class AsyncConsumer:
                     ok = False
                 for j in range(i, i + len(part)):
                     results[j] = ok
+                if not ok and stop_on_failure:
+                    return
             return
         for i, m in enumerate(msgs):
+            if keep_going is not None and not keep_going():
+                return
             try:
                 handler(m)
                 results[i] = True
@@ -367,11 +422,14 @@ class AsyncConsumer:
                     return
 
     async def _run_chunk_async(self, msgs: list[ReceivedMessage], results: list[bool | None],
-                               stop_on_failure: bool = False) -> None:
+                               stop_on_failure: bool = False,
+                               keep_going: Callable[[], bool] | None = None) -> None:
         handler = self._handler
         assert handler is not None
         step = self.consume_batch_size
         for i in range(0, len(msgs), step):
+            if keep_going is not None and not keep_going():
+                return
             part = msgs[i:i + step]
             try:
                 await handler(part if step > 1 else part[0])
@@ -384,15 +442,18 @@ class AsyncConsumer:
             if not ok and stop_on_failure:
                 return
 
-    async def _handle(self, msgs: list[ReceivedMessage], stop_on_failure: bool = False) -> list[bool | None]:
+    async def _handle(self, msgs: list[ReceivedMessage], stop_on_failure: bool = False,
+                      keep_going: Callable[[], bool] | None = None) -> list[bool | None]:
         """Run the handler over msgs: True handled, False failed, None not run (after a failure,
-        with stop_on_failure). A message not finished within consume_timeout counts as failed."""
+        with stop_on_failure, or once keep_going() said stop). A message not finished within
+        consume_timeout counts as failed."""
         results: list[bool | None] = [None] * len(msgs)
         if self._is_async:
-            work: asyncio.Future = asyncio.ensure_future(self._run_chunk_async(msgs, results, stop_on_failure))
+            work: asyncio.Future = asyncio.ensure_future(
+                self._run_chunk_async(msgs, results, stop_on_failure, keep_going))
         else:
             work = asyncio.get_running_loop().run_in_executor(self._pool, self._run_chunk, msgs, results,
-                                                              stop_on_failure)
+                                                              stop_on_failure, keep_going)
         try:
             await asyncio.wait_for(asyncio.shield(work), self.consume_timeout)
         except TimeoutError:
@@ -428,10 +489,14 @@ class AsyncConsumer:
             self._start_ready(pq)
 
     async def _consume(self, pq: ProcessQueue, msgs: list[ReceivedMessage]) -> None:
-        oks = await self._handle(msgs)
-        failed = [m for m, ok in zip(msgs, oks, strict=True) if ok is not True]
-        pq.done_many([m for m, ok in zip(msgs, oks, strict=True) if ok is True] if failed else msgs)
-        self.stats["handled"] += len(msgs) - len(failed)
+        if not self._handing_out:
+            return  # stopping: never handed out, so they stay in flight (uncommitted)
+        oks = await self._handle(msgs, keep_going=self._keep_handing_out)
+        # None: not handed out (stopping): neither done nor failed, it stays in flight
+        failed = [m for m, ok in zip(msgs, oks, strict=True) if ok is False]
+        handled = [m for m, ok in zip(msgs, oks, strict=True) if ok is True]
+        pq.done_many(handled)
+        self.stats["handled"] += len(handled)
         self.stats["failed"] += len(failed)
         if failed and not pq.dropped:
             await self._send_back_or_retry(pq, failed)
@@ -482,11 +547,16 @@ class AsyncConsumer:
         and retries that message locally up to max_reconsume_times; then it goes to the DLQ and
         the queue moves on."""
         while self._running and not pq.dropped:
-            if not pq.pending or not pq.locked:
+            if not pq.pending or not pq.holds_lock():
                 await pq.wait_change(0.5)
                 continue
             run = list(itertools.islice(pq.pending, 0, max(self.pull_batch, self.consume_batch_size)))
-            results = await self._handle(run, stop_on_failure=True)
+            epoch = pq.lock_epoch
+            results = await self._handle(run, stop_on_failure=True,
+                                         keep_going=lambda e=epoch: (self._handing_out and pq.holds_lock()
+                                                                     and pq.lock_epoch == e))
+            if pq.lock_epoch != epoch:  # the lock went away meanwhile: the pulled messages were dropped
+                continue
             ok = 0
             while ok < len(run) and results[ok] is True:
                 ok += 1
@@ -501,19 +571,27 @@ class AsyncConsumer:
         """Retry a failed message in place (the queue waits), then dead-letter it."""
         failures = 1
         self.stats["failed"] += 1
-        while self._running and not pq.dropped:
+        epoch = pq.lock_epoch
+        while self._running and not pq.dropped and pq.lock_epoch == epoch:
+            if not pq.holds_lock():
+                await pq.wait_change(0.5)
+                continue
             if failures > self.max_reconsume_times:
                 while not await self._send_back(m, -1) and self._running:
                     await asyncio.sleep(self.suspend_seconds)
                 break
             m.reconsume_times += 1
             await asyncio.sleep(self.suspend_seconds)
+            if not pq.holds_lock() or pq.lock_epoch != epoch:
+                continue
             if (await self._handle([m]))[0] is True:
                 break
             failures += 1
             self.stats["failed"] += 1
         else:
-            return  # dropped or closing: the message stays uncommitted for the next owner
+            return  # dropped, closing or lock lost: the message stays uncommitted for the next owner
+        if pq.lock_epoch != epoch:
+            return
         self.stats["handled"] += 1
         pq.pending.popleft()
         pq.done(m)
@@ -524,6 +602,8 @@ class AsyncConsumer:
         await self._commit_queues(list(self.queues.values()))
 
     async def _commit_queues(self, queues: list[ProcessQueue]) -> None:
+        if self.orderly:  # only the lock holder speaks for an orderly queue's offset
+            queues = [pq for pq in queues if pq.locked and not pq.needs_offset]
         changed = [(pq, pq.committable()) for pq in queues]
         changed = [(pq, off) for pq, off in changed if off != pq.last_committed]
         if not changed:
@@ -568,6 +648,7 @@ class AsyncConsumer:
         if not self._running:
             return
         self._running = False
+        self._handing_out = False  # the calls in progress finish; buffered messages stay unhandled
         if self._rebalance_soon is not None:
             self._rebalance_soon.cancel()
         for t in self._background:
@@ -639,6 +720,10 @@ class Consumer:
 
     def commit(self) -> None:
         run_sync(self._async.commit())
+
+    def stop_handling(self) -> None:
+        """Hand no more messages to the handler (a handler may call it); see AsyncConsumer."""
+        self._async.stop_handling()
 
     def close(self) -> None:
         run_sync(self._async.close())

@@ -9,6 +9,7 @@ first key is always the smallest in-flight offset.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 
 from equeue_core.client.message import ReceivedMessage
@@ -25,7 +26,10 @@ class ProcessQueue:
         self.waiting: deque[list[ReceivedMessage]] = deque()  # concurrent: batches not yet started
         self.running = 0  # concurrent: batches being handled now
         self.dropped = False
-        self.locked = False
+        self.locked = False  # orderly: the broker granted this consumer the queue's lock
+        self.lock_until = 0.0  # orderly: monotonic time the lock counts as held until, unless renewed
+        self.lock_epoch = 0  # orderly: +1 each time the lock is lost; work of an older epoch is void
+        self.needs_offset = False  # orderly: after a lost lock, start again from the committed offset
         self.last_committed: int | None = None
         # Set whenever something changes that a waiting loop may care about (messages handled,
         # messages arrived, lock gained, queue dropped): loops wait on it instead of polling.
@@ -41,6 +45,22 @@ class ProcessQueue:
             await asyncio.wait_for(self.changed.wait(), timeout)
         except TimeoutError:
             pass
+
+    def holds_lock(self) -> bool:
+        """Orderly: the lock is ours and was renewed recently enough to still trust it."""
+        return self.locked and not self.dropped and time.monotonic() < self.lock_until
+
+    def lose_lock(self) -> None:
+        """Orderly: the lock is gone (connection lost, expired, taken). Everything pulled under it
+        is forgotten: another consumer may handle those messages now, so they are pulled again
+        from the committed offset once the lock is back."""
+        self.locked = False
+        self.lock_epoch += 1
+        self.pending.clear()
+        self.in_flight.clear()
+        self.bytes = 0
+        self.needs_offset = True
+        self.changed.set()
 
     def add(self, messages: list[ReceivedMessage]) -> None:
         for m in messages:

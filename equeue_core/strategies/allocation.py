@@ -47,26 +47,43 @@ def averagely_by_circle(consumer_id: Any, queues: Sequence[Any], consumer_ids: S
     return [q for j, q in enumerate(qs) if j % len(ids) == i]
 
 
-VIRTUAL_NODES = 10
+VIRTUAL_NODES = 10  # per consumer, RocketMQ's default
 
 
-def _hash(key: str) -> int:
-    return int.from_bytes(hashlib.md5(key.encode()).digest()[:8], "big")
+def ring_hash(key: str) -> int:
+    """RocketMQ's ring hash (ConsistentHashRouter's MD5Hash): the first 4 bytes of the MD5
+    digest of the key's UTF-8 bytes, read big-endian as an unsigned 32-bit number."""
+    return int.from_bytes(hashlib.md5(key.encode()).digest()[:4], "big")
+
+
+def queue_key(queue: Any) -> str:
+    """The string a queue is hashed by: `<topic>@<queue id>` for a (topic, queue id) pair, str()
+    of anything else. RocketMQ hashes Java's MessageQueue.toString() ("MessageQueue [topic=...,
+    brokerName=..., queueId=...]"); ours has no broker name (docs/decisions.md)."""
+    if isinstance(queue, tuple) and len(queue) == 2:
+        return f"{queue[0]}@{queue[1]}"
+    return str(queue)
 
 
 def consistent_hash(consumer_id: Any, queues: Sequence[Any], consumer_ids: Sequence[Any],
                     virtual_nodes: int = VIRTUAL_NODES) -> list:
-    """A ring of `virtual_nodes` MD5 points per consumer; each queue goes to the next point
-    clockwise, so when a consumer leaves only its queues move."""
+    """RocketMQ's AllocateMessageQueueConsistentHash: each consumer puts `virtual_nodes` points
+    on a ring at ring_hash("<consumer id>-<i>"), i = 0..virtual_nodes-1, consumers in sorted
+    order (a later point replaces an earlier one with the same hash); a queue goes to the first
+    point at or after ring_hash(queue_key(queue)), wrapping round to the smallest. When a
+    consumer leaves, only its queues move."""
     qs, ids = _sorted(consumer_id, queues, consumer_ids)
     if not ids:
         return []
-    ring = sorted((_hash(f"{cid}-{v}"), str(cid)) for cid in ids for v in range(virtual_nodes))
-    points = [p for p, _ in ring]
+    ring: dict[int, str] = {}
+    for cid in ids:
+        for v in range(virtual_nodes):
+            ring[ring_hash(f"{cid}-{v}")] = str(cid)
+    points = sorted(ring)
     me = str(consumer_id)
     out = []
     for q in qs:
-        idx = bisect.bisect_right(points, _hash(str(q))) % len(ring)
-        if ring[idx][1] == me:
+        i = bisect.bisect_left(points, ring_hash(queue_key(q)))
+        if ring[points[i % len(points)]] == me:
             out.append(q)
     return out

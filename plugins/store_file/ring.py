@@ -36,6 +36,9 @@ class Ring:
         pages = self.pages
         first = position // RING_PAGE
         last = (position + n - 1) // RING_PAGE
+        # A slot holds a page only if the ring saw that page from its start: after a restart the
+        # first write lands mid-page, and the slot's bytes before it are not that page's bytes.
+        whole_first = position % RING_PAGE == 0 or tags[first % pages] == first
         for k in range(first, last + 1):  # claim the slots first: readers of the old pages now miss
             tags[k % pages] = -1
         start = position % size
@@ -46,7 +49,7 @@ class Ring:
             mv = memoryview(data)
             self.buf[start:] = mv[:cut]
             self.buf[:n - cut] = mv[cut:]
-        for k in range(first, last + 1):
+        for k in range(first if whole_first else first + 1, last + 1):
             tags[k % pages] = k
 
     def read(self, start: int, end: int) -> bytes | None:

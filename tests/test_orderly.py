@@ -1,0 +1,115 @@
+"""Orderly consumption keeps per-queue order when a lock changes hands or a handler fails: a
+consumer whose connection drops (the broker releases its locks at once) stops handling before the
+next lock holder starts, and a failing batch stops the batches behind it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from equeue_core.client import AdminClient, Consumer, Message, Producer
+from tests.helpers.broker import BrokerProcess
+from tests.helpers.proxy import CuttableProxy
+
+FAST = dict(heartbeat_interval=0.5, rebalance_interval=1.0, commit_interval=0.5, suspend_seconds=0.1)
+
+
+@pytest.fixture
+def long_lock_broker(tmp_path):
+    """Locks expire after 10 minutes: a lock can only move because its holder's connection closed."""
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text("heartbeat_expiry_s = 600\nqueue_lock_expiry_s = 600\noffset_persist_ms = 200\n")
+    b = BrokerProcess(tmp_path / "data", config=str(cfg)).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def test_a_consumer_whose_connection_drops_stops_before_the_next_lock_holder_starts(long_lock_broker):
+    b = long_lock_broker
+    total = 400
+    with AdminClient(b.address) as admin:
+        admin.create_topic("ordq", 1)
+    with Producer(b.address) as p:
+        p.send_batch([Message("ordq", f"{i}".encode()) for i in range(total)])
+    calls: list[tuple[str, int, float]] = []  # (consumer, queue offset, start time)
+    lock = threading.Lock()
+
+    def handler_for(name: str):
+        def handler(m):
+            with lock:
+                calls.append((name, m.queue_offset, time.monotonic()))
+            time.sleep(0.01)
+        return handler
+
+    proxy = CuttableProxy(b.port)
+    a = Consumer("gord", proxy.address, orderly=True, consume_from="first", **FAST).subscribe("ordq")
+    second = None
+    try:
+        a.start(handler_for("A"))
+        # A has pulled far ahead of what it handled when its connection goes
+        assert wait_until(lambda: len(calls) >= 30, 30)
+        proxy.cut()
+        second = Consumer("gord", b.address, orderly=True, consume_from="first", **FAST).subscribe("ordq")
+        second.start(handler_for("B"))
+        # B handles in order, so once it reached the last offset it handled everything after A
+        assert wait_until(lambda: any(n == "B" and o == total - 1 for n, o, _ in calls), 60), \
+            f"B handled {sum(1 for n, *_ in calls if n == 'B')} messages"
+    finally:
+        proxy.close()
+        a.close()
+        if second is not None:
+            second.close()
+    a_calls = [(o, t) for n, o, t in calls if n == "A"]
+    b_calls = [(o, t) for n, o, t in calls if n == "B"]
+    b_first = b_calls[0][1]
+    late = [o for o, t in a_calls if t >= b_first]
+    assert not late, f"A kept handling {len(late)} messages after B took the queue (offsets {late[:5]}...)"
+    for offs in ([o for o, _ in a_calls], [o for o, _ in b_calls]):
+        assert offs == sorted(offs) and len(set(offs)) == len(offs), "per-queue order broken"
+    a_last = a_calls[-1][0]
+    assert b_calls[0][0] <= a_last + 1, f"B skipped from {a_last} to {b_calls[0][0]}"
+    assert {o for o, _ in a_calls} | {o for o, _ in b_calls} == set(range(total))
+
+
+def test_a_failing_batch_stops_the_batches_behind_it_in_orderly_mode(long_lock_broker):
+    b = long_lock_broker
+    total = 60
+    with AdminClient(b.address) as admin:
+        admin.create_topic("ordb", 1)
+    with Producer(b.address) as p:
+        p.send_batch([Message("ordb", f"{i}".encode()) for i in range(total)])
+    handled: list[int] = []  # offsets of batches that returned normally, in call order
+    failed_once = threading.Event()
+    done = threading.Event()
+
+    def batch_handler(msgs):
+        offs = [m.queue_offset for m in msgs]
+        if 10 in offs and not failed_once.is_set():
+            failed_once.set()
+            raise RuntimeError("batch with offset 10 fails once")
+        handled.extend(offs)
+        if set(handled) >= set(range(total)):
+            done.set()
+
+    c = Consumer("gordb", b.address, orderly=True, consume_from="first", consume_batch_size=4,
+                 **FAST).subscribe("ordb")
+    c.start(batch_handler)
+    try:
+        assert done.wait(30), f"handled {sorted(set(handled))}"
+    finally:
+        c.close()
+    assert failed_once.is_set()
+    assert handled == list(range(total)), f"order broken around the failed batch: {handled[:24]}"
