@@ -35,6 +35,7 @@ class Code(IntEnum):
     OFFSET_FOR_TIME = 27  # {topic, queue_id, ts_ms} -> {offset}
     BROKER_INFO = 28     # {} -> {address, store, transport, version, flush}
     QUERY_BY_KEY = 29    # {topic, key, max?, scan_limit?} -> {count, scanned} + body: records, newest first
+    SKIP_RECORD = 30     # {group, topic, queue_id, offset} -> {skipped, next_offset, previous, corrupt}
 
 
 class PullStatus:

@@ -176,6 +176,7 @@ class Broker:
             Code.OFFSET_FOR_TIME: self.on_offset_for_time,
             Code.BROKER_INFO: self.on_broker_info,
             Code.QUERY_BY_KEY: self.on_query_by_key,
+            Code.SKIP_RECORD: self.on_skip_record,
         }
         self._handlers.update(self.groups.handlers())
         self._handlers.update(self.scheduler.handlers())
@@ -248,6 +249,10 @@ class Broker:
             try:
                 res = self.store.read_queue(topic, queue_id, offset, max_count,
                                             self.config.pull_max_bytes, tag_hashes)
+            except CorruptRecordError as e:
+                log.error("pull %s/%d of group %s refused: %s (skip it with `equeue groups skip`)",
+                          topic, queue_id, h.get("group"), e)
+                raise
             except OffsetOutOfRangeError as e:
                 if h.get("strict"):
                     raise
@@ -286,6 +291,31 @@ class Broker:
         lo, hi = self.store.queue_range(topic, queue_id)
         return frame.response({"offset": self.offsets.get(group, topic, queue_id),
                                "min_offset": lo, "max_offset": hi})
+
+    async def on_skip_record(self, conn: ServerConnection, frame: Frame) -> Frame:
+        """Admin: move a group past one record (a corrupt one its consumers cannot read), by
+        committing offset + 1 for the group; never moves a group backwards."""
+        h = frame.header
+        group, topic, queue_id, offset = _str(h, "group"), _str(h, "topic"), _int(h, "queue_id"), _int(h, "offset")
+        self.topics.check_queue(topic, queue_id)
+        lo, hi = self.store.queue_range(topic, queue_id)
+        if not lo <= offset < hi:
+            raise OffsetOutOfRangeError(f"offset {offset} of {topic}/{queue_id} is outside [{lo}, {hi})",
+                                        min_offset=lo, max_offset=hi)
+        current = self.offsets.get(group, topic, queue_id)
+        if current is not None and current > offset:  # already past it: nothing to skip
+            return frame.response({"skipped": False, "next_offset": current, "previous": current, "corrupt": ""})
+        try:
+            self.store.read_queue(topic, queue_id, offset, 1, self.config.pull_max_bytes)
+            damage = None
+        except CorruptRecordError as e:
+            damage = str(e)
+        self.offsets.commit(group, topic, queue_id, offset + 1)
+        self.offsets.persist()
+        log.warning("group %s skipped %s/%d offset %d (%s) by admin request", group, topic, queue_id,
+                    offset, damage or "the record was readable")
+        return frame.response({"skipped": True, "next_offset": offset + 1, "previous": current,
+                               "corrupt": damage or ""})
 
     async def on_offset_for_time(self, conn: ServerConnection, frame: Frame) -> Frame:
         h = frame.header

@@ -31,7 +31,13 @@ from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
 from equeue_core.codes import Code, PullStatus
-from equeue_core.errors import ClientClosedError, ConfigError, EQueueError, TopicNotFoundError
+from equeue_core.errors import (
+    ClientClosedError,
+    ConfigError,
+    CorruptRecordError,
+    EQueueError,
+    TopicNotFoundError,
+)
 from equeue_core.frame import Frame
 from equeue_core.plugins import get_plugin_manager
 
@@ -61,7 +67,8 @@ class AsyncConsumer:
                  commit_interval: float = 5.0, lock_interval: float = 20.0, suspend_seconds: float = 1.0,
                  offset_dir: str = ".equeue-offsets", client_id: str | None = None,
                  flow_max_messages: int = 1000, flow_max_bytes: int = 100 * MiB, flow_max_span: int = 2000,
-                 hold_ms: int = 15000, parallel_per_queue: int = 1) -> None:
+                 hold_ms: int = 15000, parallel_per_queue: int = 1,
+                 corrupt_recheck_max: float = 10.0) -> None:
         if mode not in ("clustering", "broadcasting"):
             raise ConfigError(f"mode must be 'clustering' or 'broadcasting', not {mode!r}")
         if not (consume_from in ("first", "last") or isinstance(consume_from, int)):
@@ -102,7 +109,8 @@ class AsyncConsumer:
         self._rebalance_lock = asyncio.Lock()
         self._rebalance_soon: asyncio.TimerHandle | None = None
         self._running = False
-        self.stats = {"handled": 0, "failed": 0, "sent_back": 0}
+        self.stats = {"handled": 0, "failed": 0, "sent_back": 0, "pulls": 0, "corrupt": 0}
+        self.corrupt_recheck_max = corrupt_recheck_max  # at most this many s between checks for a skip
 
     # ---------------------------------------------------------------- setup
 
@@ -301,12 +309,16 @@ class AsyncConsumer:
                 await pq.wait_change(0.5)
                 continue
             header["offset"] = pq.next_offset
+            self.stats["pulls"] += 1
             try:
                 resp = await self._conn.request(Code.PULL, header, timeout=self.hold_ms / 1000 + 15)
             except asyncio.CancelledError:
                 raise
             except ClientClosedError:
                 return
+            except CorruptRecordError as e:
+                await self._park(pq, e)
+                continue
             except EQueueError as e:
                 backoff = min(5.0, backoff * 2 or 0.2)
                 log.warning("pull %s/%d failed: %s; retrying in %.1fs", pq.topic, pq.queue_id, e, backoff)
@@ -335,6 +347,47 @@ class AsyncConsumer:
                         self._dispatch(pq, msgs)
             else:
                 pq.next_offset = h["next_offset"]
+
+    async def _park(self, pq: ProcessQueue, error: CorruptRecordError) -> None:
+        """The broker refuses a record of this queue as corrupt: retrying cannot help, so the
+        queue stops (loudly) instead of pulling it again and again. It stays stopped until an
+        admin moves the group past the record (`equeue groups skip`, AdminClient.skip_record);
+        the queue then resumes at the group's new offset. While stopped, it re-reads that offset
+        with a bounded backoff (1 s doubling to corrupt_recheck_max) and commits the messages it
+        finished below the record, never a value at or past it (that is the admin's to set)."""
+        assert self._conn is not None
+        at = error.offset if error.offset is not None else pq.next_offset
+        pq.parked_at = at
+        self.stats["corrupt"] += 1
+        log.error("STOPPED %s/%d at offset %d: %s. Retrying cannot help; skip it with: "
+                  "equeue groups skip %s --topic %s --queue %d --offset %d", pq.topic, pq.queue_id, at,
+                  error, self.group, pq.topic, pq.queue_id, at)
+        delay = 1.0
+        while self._running and not pq.dropped:
+            await pq.wait_change(delay)
+            delay = min(self.corrupt_recheck_max, delay * 2)
+            try:
+                if self.mode == "broadcasting":
+                    now = self._load_local_offsets().get(f"{pq.topic}:{pq.queue_id}")
+                else:
+                    now = (await self._conn.request(Code.QUERY_OFFSET, {
+                        "group": self.group, "topic": pq.topic, "queue_id": pq.queue_id})).header["offset"]
+                if now is not None and now > at:
+                    log.warning("%s/%d: offset %d was skipped; resuming at %d", pq.topic, pq.queue_id, at, now)
+                    pq.next_offset = pq.last_committed = now
+                    pq.parked_at = None
+                    return
+                if pq.committable() != pq.last_committed:
+                    pq.parked_at = None
+                    try:
+                        await self._commit_queues([pq])
+                    finally:
+                        pq.parked_at = at
+            except asyncio.CancelledError:
+                raise
+            except EQueueError as e:
+                log.warning("%s/%d stopped at a corrupt record; checking for a skip failed: %s",
+                            pq.topic, pq.queue_id, e)
 
     # ---------------------------------------------------------------- handling
 
@@ -524,7 +577,9 @@ class AsyncConsumer:
         await self._commit_queues(list(self.queues.values()))
 
     async def _commit_queues(self, queues: list[ProcessQueue]) -> None:
-        changed = [(pq, pq.committable()) for pq in queues]
+        # a queue stopped at a corrupt record commits from its own loop (_park), so it never
+        # overwrites the offset an admin's skip set meanwhile
+        changed = [(pq, pq.committable()) for pq in queues if pq.parked_at is None]
         changed = [(pq, off) for pq, off in changed if off != pq.last_committed]
         if not changed:
             return

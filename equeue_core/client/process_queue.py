@@ -27,6 +27,7 @@ class ProcessQueue:
         self.dropped = False
         self.locked = False
         self.last_committed: int | None = None
+        self.parked_at: int | None = None  # stopped at this offset: a corrupt record (consumer._park)
         # Set whenever something changes that a waiting loop may care about (messages handled,
         # messages arrived, lock gained, queue dropped): loops wait on it instead of polling.
         self.changed = asyncio.Event()

@@ -164,6 +164,10 @@ class CommitLog:
         data = self.ring.read(start, end)
         if data is not None:
             return data
+        return self.read_file(start, end)
+
+    def read_file(self, start: int, end: int) -> bytes | None:
+        """Like read(), but from the chunk file (mmap or pread), never the ring."""
         cs = self.chunk_size
         cstart = start - start % cs
         m = self._maps.get(cstart)

@@ -5,8 +5,19 @@ Guarantees:
   flusher thread (equeue_core.flush.Flusher) makes data durable; wait_flushed(end) resolves after.
 - store_ts never goes backwards within a store (max(clock, last)), so offset_for_timestamp can
   binary-search the index.
-- a record is served only if it verifies (read_position) or was indexed by this process after it
-  was written (read_queue); recovery in open() guarantees the index points at verified records.
+- a record is served only if it was verified in this process (docs/stores.md, "Every record
+  served is verified"): read_position checks every record (record.damage); read_queue checks every
+  record below `_verified_from` and trusts the ones at or past it, because those were verified
+  once already in this process: by open()'s recovery scan (record.verify over the bytes on disk),
+  or by append(), whose stamp_batch computed the crc over the very bytes it then wrote. Such a
+  record is read back either from the ring, which returns exactly the bytes written or nothing
+  (every slot a read touches is checked before and after the copy), or from the chunk file
+  through the page cache, which holds what write(2) was given. What this does not catch is damage
+  to those bytes while this process runs (a disk that silently returns other bytes after the page
+  was evicted); the next open() puts them below `_verified_from` again, so they are checked then.
+- a damaged record is never served: a pull stops before it, or raises CorruptRecordError naming
+  topic, queue, offset and position when it is the first. A record that fails in a ring copy is
+  re-read from its chunk file before it is called damaged.
 """
 
 from __future__ import annotations
@@ -28,7 +39,21 @@ from equeue_core.errors import (
     StoreError,
 )
 from equeue_core.flush import Flusher
-from equeue_core.record import INDEX_ENTRY, INDEX_ENTRY_SIZE, OFF_POSITION, index_entries, stamp_batch, verify
+from equeue_core.record import (
+    CRC_FROM,
+    HEADER_SIZE,
+    INDEX_ENTRY,
+    INDEX_ENTRY_SIZE,
+    MAGIC,
+    OFF_POSITION,
+    VERSION,
+    corrupt_record,
+    crc32c,
+    damage,
+    index_entries,
+    stamp_batch,
+    verify,
+)
 
 from .atomic import write_atomic
 from .commit_log import CommitLog
@@ -52,9 +77,32 @@ from .store_info import load_store_info, write_store_info
 log = logging.getLogger(__name__)
 
 _U64 = struct.Struct("<Q")
+_HEAD20 = struct.Struct("<IBBHIQ")  # size, magic, version, flags, crc, position: a record's first 20 bytes
 _STORE_TS = struct.Struct("<q")
 _OFF_STORE_TS = 44
 _SCAN_WITH_FILTER = 4096  # index entries a filtered pull may scan past non-matching ones
+
+
+def _first_damaged(data: bytes, base: int, picked: list[tuple[int, int, int]], first: int,
+                   last: int) -> int | None:
+    """Index (into picked) of the first of picked[first:last] that does not verify in data (the
+    bytes of log positions base..), or None if all verify. record.damage's checks, its common
+    case inlined (one unpack, one crc per record): this loop is the price of a verified read."""
+    unpack = _HEAD20.unpack_from
+    crc = crc32c
+    mv = memoryview(data)
+    end = len(data)
+    for k in range(first, last):
+        _qoff, pos, size = picked[k]
+        at = pos - base
+        if at + size <= end and size >= HEADER_SIZE:
+            whole, magic, version, _flags, c, stamped = unpack(data, at)
+            if (whole == size and magic == MAGIC and version == VERSION and stamped == pos
+                    and crc(mv[at + CRC_FROM:at + size]) == c):
+                continue
+        if damage(data, at, size, pos) is not None:
+            return k
+    return None
 
 
 def _int_option(options: dict, name: str, default: int) -> int:
@@ -99,6 +147,10 @@ class FileMessageStore:
         self._opened = False
         self._closed = False
         self._broken: BaseException | None = None
+        # Records at or past this position were verified in this process: by the recovery scan
+        # in open() or by stamp_batch's crc over the very bytes append() wrote. read_queue serves
+        # those without a second crc (see the module docstring); everything below is checked.
+        self._verified_from = 1 << 63
         self._lock_fd = -1
 
     # ------------------------------------------------------------ open / recovery
@@ -132,6 +184,7 @@ class FileMessageStore:
                 checkpoint = start
         report = RecoveryReport(clean=clean)
         result = scan_log(self.log.dir, chunks, self.chunk_size, checkpoint)
+        verified_from = checkpoint
         report.truncated_bytes = result.truncated_bytes
         report.records = result.records
         report.notes.extend(result.notes)
@@ -144,8 +197,10 @@ class FileMessageStore:
         if report.rebuilt_entries == -1:  # a gap: the index lags the checkpoint; rebuild from the start
             report.notes.append("index behind the checkpoint: rescanned the whole log")
             full = scan_log(self.log.dir, chunks, self.chunk_size, self.log.start)
+            verified_from = self.log.start
             report.rebuilt_entries = self._repair_index(full.end, full.entries, report, final=True)
         self.log.open_for_write(end)
+        self._verified_from = verified_from
         if not clean or result.records:
             # what the crashed writer left in the page cache is part of the log now: make it
             # durable before the checkpoint below vouches for it
@@ -320,6 +375,9 @@ class FileMessageStore:
 
     def read_queue(self, topic: str, queue_id: int, offset: int, max_count: int,
                    max_bytes: int, tag_hashes: frozenset[int] | None = None) -> PullResult:
+        """Records from offset on, each verified before it is served (record.damage: size, magic,
+        lengths, crc, and the position its index entry names). A damaged record ends the pull
+        before it; a pull that starts at it raises CorruptRecordError naming its place."""
         lo, hi = self._range(topic, queue_id)
         if offset == hi:
             return PullResult(b"", 0, offset, lo, hi)
@@ -353,15 +411,58 @@ class FileMessageStore:
         if run_end >= 0:
             runs.append((run_start, run_end))
         parts = []
+        verified_from = self._verified_from
         for a, b in runs:
             data = self.log.read(a, b)
             if data is None:  # deleted by retention meanwhile
                 lo = self._range(topic, queue_id)[0]
                 raise OffsetOutOfRangeError(f"offset {offset} of {topic}/{queue_id} was deleted",
                                             min_offset=lo, max_offset=hi)
+            if a < verified_from:
+                parts.append(data)
+                return self._verified(topic, queue_id, offset, entries, tag_hashes, runs, parts, count,
+                                      offset + scanned, lo, hi)
             parts.append(data)
         records = parts[0] if len(parts) == 1 else b"".join(parts)
         return PullResult(records, count, offset + scanned, lo, hi)
+
+    def _verified(self, topic: str, queue_id: int, offset: int, entries: memoryview,
+                  tag_hashes: frozenset[int] | None, runs: list[tuple[int, int]], parts: list,
+                  count: int, next_offset: int, lo: int, hi: int) -> PullResult:
+        """read_queue's slow path, for a pull that reaches below _verified_from: check every
+        record (record.damage), serve the intact ones before the first damaged one, or raise
+        CorruptRecordError when that is the first. `parts` holds the bytes of runs[:len(parts)]."""
+        picked: list[tuple[int, int, int]] = []  # (queue offset, position, size) of served entries
+        for i, (pos, size, th) in enumerate(INDEX_ENTRY.iter_unpack(entries)):
+            if len(picked) == count:
+                break
+            if tag_hashes is None or th in tag_hashes:
+                picked.append((offset + i, pos, size))
+        k = 0  # index into picked of the first record of the current run
+        out = []
+        for r, (a, b) in enumerate(runs):
+            data = parts[r] if r < len(parts) else self.log.read(a, b)
+            last = k
+            while last < len(picked) and picked[last][1] < b:
+                last += 1
+            bad = None if data is None else _first_damaged(data, a, picked, k, last)
+            if bad is not None:  # a ring copy may have lost a race: judge by the chunk file alone
+                data = self.log.read_file(a, b)
+                bad = None if data is None else _first_damaged(data, a, picked, k, last)
+            if data is None:  # deleted by retention meanwhile
+                lo = self._range(topic, queue_id)[0]
+                raise OffsetOutOfRangeError(f"offset {offset} of {topic}/{queue_id} was deleted",
+                                            min_offset=lo, max_offset=hi)
+            if bad is not None:
+                qoff, pos, size = picked[bad]
+                if bad == 0:
+                    raise corrupt_record(topic, queue_id, qoff, pos, damage(data, pos - a, size, pos) or "damaged")
+                out.append(memoryview(data)[:pos - a])
+                return PullResult(b"".join(out), bad, qoff, lo, hi)
+            out.append(data)
+            k = last
+        records = out[0] if len(out) == 1 else b"".join(out)
+        return PullResult(records, count, next_offset, lo, hi)
 
     def read_position(self, position: int) -> bytes:
         """The record at position, verified (size, magic, lengths, crc, stamped position)."""
