@@ -220,7 +220,10 @@ def damage(buf: bytes | bytearray | memoryview, start: int, size: int, position:
     """Why the record an index entry names (`size` bytes at `start` of buf, stamped with
     `position`) must not be served, or None if it is intact: record.verify's checks plus "it is the
     record the entry names". The common case costs one unpack and one crc (the length fields sit
-    inside the crc'd bytes, so an intact crc vouches for them)."""
+    inside the crc'd bytes, so an intact crc vouches for them). An entry of size 0 is a file-store
+    marker for a record recovery could not find (docs/format.md, "lost")."""
+    if size == 0:
+        return "lost: recovery found no record for this offset (see the recovery report)"
     if size >= HEADER_SIZE and len(buf) - start >= size:
         whole, magic, version, _flags, crc, at = _HEAD20.unpack_from(buf, start)
         if (whole == size and magic == MAGIC and version == VERSION and at == position

@@ -403,7 +403,11 @@ class Broker:
             "transport": self.config.transport, "flush": self.config.flush,
             "version": __version__, "data_dir": os.path.abspath(self.config.data_dir),
             "recovery": {"clean": self.recovery.clean, "truncated_bytes": self.recovery.truncated_bytes,
-                         "rebuilt_entries": self.recovery.rebuilt_entries},
+                         "rebuilt_entries": self.recovery.rebuilt_entries,
+                         "rebuilt": [[r.topic, r.queue_id, r.first_offset, r.last_offset]
+                                     for r in self.recovery.rebuilt],
+                         "lost": [[r.topic, r.queue_id, r.first_offset, r.last_offset]
+                                  for r in self.recovery.lost]},
             "stats": dict(self.stats), "held_pulls": self.hold.held})
 
 

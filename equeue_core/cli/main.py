@@ -78,6 +78,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
         print(f"  plugins   store={cfg.store} transport={cfg.transport} flush={cfg.flush}", flush=True)
         print(f"  recovery  {'clean' if rec.clean else 'after crash'}"
               f" truncated_bytes={rec.truncated_bytes} rebuilt_entries={rec.rebuilt_entries}", flush=True)
+        for r in rec.rebuilt:
+            print(f"  rebuilt   index of {r} from the log", flush=True)
+        for r in rec.lost:
+            print(f"  LOST      {r}: no record in the log (reads of them fail; skip them)", flush=True)
         try:
             await stop.wait()
         finally:

@@ -13,6 +13,7 @@ owns it truncates it back in its recovery (see FileQueueIndex.truncate).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -192,6 +193,40 @@ class FileQueueIndex:
         self._dirs_to_sync.add(q.path)
         return dropped
 
+    def reset(self, topic: str, queue_id: int, first_offset: int) -> None:
+        """Recovery: delete every index file of a queue; its next add() starts at first_offset."""
+        q = self._queue(topic, queue_id, True)
+        assert q is not None
+        self._close_write(q)
+        for first in list(q.files):
+            self._close_read(q, first)
+            try:
+                os.unlink(os.path.join(q.path, file_name(first)))
+            except FileNotFoundError:
+                pass
+        q.files = []
+        q.min_offset = q.end = first_offset
+        self._dirs_to_sync.add(q.path)
+
+    def first_hole(self, topic: str, queue_id: int) -> int | None:
+        """The first offset below the queue's end that has no entry on disk (a missing or short
+        index file before the newest one), or None. Costs a stat per file, no reads."""
+        q = self._queue(topic, queue_id, False)
+        if q is None:
+            return None
+        per = self.entries_per_file
+        for i, first in enumerate(q.files[:-1]):
+            size = os.path.getsize(os.path.join(q.path, file_name(first)))
+            if size < per * INDEX_ENTRY_SIZE:
+                return first + size // INDEX_ENTRY_SIZE
+            if q.files[i + 1] != first + per:
+                return first + per
+        return None
+
+    def ends(self) -> dict[tuple[str, int], int]:
+        """Every queue's end (one past its last entry written); safe from any thread."""
+        return {key: q.end for key, q in list(self._queues.items())}
+
     def set_min(self, topic: str, queue_id: int, offset: int) -> None:
         """Retention: offsets below `offset` are gone; delete the index files wholly below it."""
         q = self._queue(topic, queue_id, False)
@@ -295,16 +330,28 @@ class FileQueueIndex:
                     # cleared before the fsync: a write racing with it sets it again afterwards
                     q.dirty = False
                     sealed, q.sealed = q.sealed, []
-                    work.append((q.fd, sealed))
-        for fd, sealed in work:
-            for s in sealed:
-                os.fdatasync(s)
-                os.close(s)
-            if fd >= 0:
-                try:
-                    os.fdatasync(fd)
-                except OSError:  # closed by truncate in the meantime: its data was fsynced there
-                    pass
+                    work.append((q, q.fd, sealed))
+        for i, (_q, fd, sealed) in enumerate(work):
+            try:
+                while sealed:
+                    os.fdatasync(sealed[0])
+                    os.close(sealed.pop(0))
+                if fd >= 0:
+                    try:
+                        os.fdatasync(fd)
+                    except OSError as e:
+                        # EBADF: closed by truncate/reset in the meantime, which fsynced it. Any
+                        # other error (EIO, ENOSPC) must reach the flusher, so no checkpoint
+                        # vouches for these entries.
+                        if e.errno != errno.EBADF:
+                            raise
+            except BaseException:
+                with self._lock:  # what was not made durable is still to do next time
+                    self._dirs_to_sync |= dirs
+                    for q2, _fd, rest in work[i:]:
+                        q2.dirty = True
+                        q2.sealed[:0] = rest
+                raise
         for d in dirs:
             _fsync_dir(d)
 

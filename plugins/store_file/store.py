@@ -31,7 +31,14 @@ import threading
 import time
 from collections.abc import Sequence
 
-from equeue_core.contracts import AppendResult, PullResult, QueueIndex, RecoveryReport, StoreSettings
+from equeue_core.contracts import (
+    AppendResult,
+    IndexRange,
+    PullResult,
+    QueueIndex,
+    RecoveryReport,
+    StoreSettings,
+)
 from equeue_core.errors import (
     CorruptRecordError,
     MessageNotFoundError,
@@ -71,7 +78,7 @@ from .constants import (
     MAP_IDLE_SECONDS,
     MIN_CHUNK_SIZE,
 )
-from .recovery import pack_checkpoint, read_checkpoint, scan_log
+from .recovery import collect_queue_records, pack_checkpoint, read_checkpoint_queues, scan_log
 from .store_info import load_store_info, write_store_info
 
 log = logging.getLogger(__name__)
@@ -168,7 +175,8 @@ class FileMessageStore:
             write_store_info(self.data_dir, self.chunk_size, self._index_file_entries)
         abort_path = os.path.join(self.data_dir, ABORT)
         clean = not os.path.exists(abort_path)
-        checkpoint = read_checkpoint(os.path.join(self.data_dir, CHECKPOINT))
+        found = read_checkpoint_queues(os.path.join(self.data_dir, CHECKPOINT))
+        checkpoint, manifest = found if found is not None else (None, None)
         chunks = self.log.chunks
         start = self.log.start
         if checkpoint is None or checkpoint < start or (
@@ -193,12 +201,13 @@ class FileMessageStore:
                       "after position %d (%s)", self.data_dir, result.truncated_bytes, result.end,
                       "; ".join(result.notes))
         end = result.end
-        report.rebuilt_entries = self._repair_index(end, result.entries, report)
-        if report.rebuilt_entries == -1:  # a gap: the index lags the checkpoint; rebuild from the start
-            report.notes.append("index behind the checkpoint: rescanned the whole log")
-            full = scan_log(self.log.dir, chunks, self.chunk_size, self.log.start)
-            verified_from = self.log.start
-            report.rebuilt_entries = self._repair_index(full.end, full.entries, report, final=True)
+        behind = self._repair_index(end, result.entries, report)
+        if self._check_indexes(manifest or {}, behind, end, report):
+            verified_from = end  # entries marking lost records sit below end: reads check them
+        for r in report.rebuilt:
+            log.warning("recovery in %s: rebuilt the index of %s from the log", self.data_dir, r)
+        for r in report.lost:
+            log.error("recovery in %s: LOST %s: no record in the log; reads of them fail", self.data_dir, r)
         self.log.open_for_write(end)
         self._verified_from = verified_from
         if not clean or result.records:
@@ -223,9 +232,10 @@ class FileMessageStore:
         return report
 
     def _repair_index(self, end: int, scanned: dict[tuple[str, int], list[tuple[int, bytes]]],
-                      report: RecoveryReport, final: bool = False) -> int:
-        """Drop index entries pointing at or past end; add the scanned records the index lacks.
-        Returns entries added, or -1 when a queue's scanned records do not continue its index."""
+                      report: RecoveryReport) -> set[tuple[str, int]]:
+        """Drop index entries pointing at or past end (lost: their records were cut off); add the
+        scanned records the index lacks (rebuilt). Returns the queues whose scanned records do not
+        continue their index (it lags the checkpoint): _check_indexes rebuilds those whole."""
         index = self.index
         truncate = getattr(index, "truncate", None)
         for topic, qids in index.queues().items():
@@ -238,31 +248,103 @@ class FileMessageStore:
                                          "cannot be truncated (not a file store index)")
                     dropped = truncate(topic, qid, first_bad)
                     report.notes.append(f"index {topic}/{qid}: dropped {dropped} entries past the log end")
-        added = 0
+                    report.lost.append(IndexRange(topic, qid, first_bad, first_bad + dropped - 1))
+        behind: set[tuple[str, int]] = set()
         for (topic, qid), recs in scanned.items():
             lo, hi = index.queue_range(topic, qid)
             todo = [(o, e) for o, e in recs if o >= hi]
             if not todo:
                 continue
-            if todo[0][0] != hi:
-                if not final:
-                    return -1
-            if todo[0][0] != hi and not (lo == hi == 0):  # an empty index may start anywhere
-                log.error("index %s/%s ends at %d but the log continues it only from %d; "
-                          "not rebuilding it", topic, qid, hi, todo[0][0])
-                report.notes.append(f"index {topic}/{qid}: cannot be continued from the log")
+            if any(todo[i][0] != hi + i for i in range(len(todo))):
+                behind.add((topic, qid))
                 continue
-            run: list[bytes] = []
-            first = expect = todo[0][0]
-            for o, e in todo:
-                if o != expect:
-                    index.add(topic, qid, first, b"".join(run))
-                    run, first = [], o
-                run.append(e)
-                expect = o + 1
-            index.add(topic, qid, first, b"".join(run))
-            added += len(todo)
-        return added
+            index.add(topic, qid, hi, b"".join(e for _, e in todo))
+            report.rebuilt.append(IndexRange(topic, qid, hi, hi + len(todo) - 1))
+            report.rebuilt_entries += len(todo)
+        return behind
+
+    def _check_indexes(self, manifest: dict[tuple[str, int], int], behind: set[tuple[str, int]],
+                       end: int, report: RecoveryReport) -> bool:
+        """Check every queue's index against the log: no hole (a missing or short index file
+        below its newest), not shorter than the checkpoint's record of its end (a lost or
+        truncated index file), not lagging the scanned tail (`behind`). A queue that fails is
+        rebuilt whole from the log (one non-truncating scan for all of them). Returns True if
+        offsets were marked lost (see _rebuild_queue)."""
+        index = self.index
+        problems: dict[tuple[str, int], int] = {}
+        keys = {(t, q) for t, qs in index.queues().items() for q in qs} | set(manifest) | behind
+        for key in sorted(keys):
+            _lo, hi = index.queue_range(*key)
+            want = manifest.get(key, 0)
+            hole = index.first_hole(*key) if hasattr(index, "first_hole") else None
+            if key in behind:
+                why = "lags the log"
+            elif hi < want:
+                why = f"ends at {hi}, the checkpoint says {want}"
+            elif hole is not None:
+                why = f"has no entries from offset {hole}"
+            else:
+                continue
+            report.notes.append(f"index {key[0]}/{key[1]} {why}: rebuilt from the log")
+            problems[key] = max(want, hi)
+        if not problems:
+            return False
+        report.notes.append("index behind the checkpoint: rescanned the whole log")
+        found, notes = collect_queue_records(self.log.dir, self.log.chunks, self.chunk_size, end, set(problems))
+        report.notes.extend(notes)
+        marked = False
+        for key, target in sorted(problems.items()):
+            marked |= self._rebuild_queue(key, found.get(key, []), target, end, report)
+        return marked
+
+    def _rebuild_queue(self, key: tuple[str, int], recs: list[tuple[int, bytes]], target: int, end: int,
+                       report: RecoveryReport) -> bool:
+        """Rewrite one queue's index from its records in the log (ascending queue offsets). The
+        queue keeps every offset it had handed out (up to `target`, the larger of its old index
+        end and the checkpoint's): an offset without a record gets an entry of size 0 (docs/
+        format.md: "lost"), which a read refuses as corrupt, so an offset is never reused and a
+        consumer stops there until skipped. Returns True if such entries were written."""
+        topic, qid = key
+        index = self.index
+        start = self.log.start
+        recs = [r for i, r in enumerate(recs) if i == 0 or r[0] > recs[i - 1][0]]
+        if recs:
+            target = max(target, recs[-1][0] + 1)
+        if not recs and start > 0:
+            # every record of the queue went with retention: keep its end (one marker entry
+            # below the log start, so the queue reads as empty from `target` on)
+            index.reset(topic, qid, max(0, target - 1))
+            if target:
+                index.add(topic, qid, target - 1, INDEX_ENTRY.pack(start - 1, 0, 0))
+            return False
+        first = 0 if start == 0 or not recs else recs[0][0]
+        out = bytearray()
+        lost: list[list[int]] = []
+        rebuilt: list[list[int]] = []
+        i = 0
+        for off in range(first, target):
+            if i < len(recs) and recs[i][0] == off:
+                out += recs[i][1]
+                i += 1
+                runs = rebuilt
+            else:
+                nxt = _U64.unpack_from(recs[i][1])[0] if i < len(recs) else end - 1
+                out += INDEX_ENTRY.pack(max(nxt, 0), 0, 0)
+                runs = lost
+            if runs and runs[-1][1] == off - 1:
+                runs[-1][1] = off
+            else:
+                runs.append([off, off])
+        # what _repair_index said about this queue is superseded by the whole-queue answer below
+        report.rebuilt[:] = [r for r in report.rebuilt if (r.topic, r.queue_id) != key]
+        report.lost[:] = [r for r in report.lost if (r.topic, r.queue_id) != key]
+        index.reset(topic, qid, first)
+        if out:
+            index.add(topic, qid, first, bytes(out))
+        report.rebuilt.extend(IndexRange(topic, qid, a, b) for a, b in rebuilt)
+        report.lost.extend(IndexRange(topic, qid, a, b) for a, b in lost)
+        report.rebuilt_entries = sum(r.last_offset - r.first_offset + 1 for r in report.rebuilt)
+        return bool(lost)
 
     def _first_entry_at_or_after(self, topic: str, qid: int, lo: int, hi: int, position: int) -> int:
         """The first offset in [lo, hi) whose entry's position is >= position (hi if none);
@@ -333,20 +415,32 @@ class FileMessageStore:
         return self._flusher.wait(end_position)
 
     def _flush_to_disk(self) -> int:
-        """The flusher thread's job: fsync log then index, then maybe move the checkpoint."""
+        """The flusher thread's job: fsync log then index, then maybe move the checkpoint. The
+        queue ends the checkpoint records are taken first, so every entry they count points at a
+        record below the log end synced next."""
+        ends = self._index_ends()
         end = self.log.sync()
         self.index.flush()
         self.log.sweep_maps()
         now = time.monotonic()
         if end != self._checkpointed and now - self._last_checkpoint >= CHECKPOINT_EVERY_SECONDS:
-            self._write_checkpoint(end)
+            self._write_checkpoint(end, ends)
         return end
 
-    def _write_checkpoint(self, end: int) -> None:
+    def _index_ends(self) -> dict[tuple[str, int], int]:
+        ends = getattr(self.index, "ends", None)
+        if ends is not None:
+            return ends()
+        return {(t, q): self.index.queue_range(t, q)[1] for t, qs in self.index.queues().items() for q in qs}
+
+    def _write_checkpoint(self, end: int, ends: dict[tuple[str, int], int] | None = None) -> None:
+        """Vouch for the log below end and for each queue's index up to its end in `ends`."""
         with self._checkpoint_lock:
             if end < self._checkpointed:
                 return
-            write_atomic(os.path.join(self.data_dir, CHECKPOINT), pack_checkpoint(end))
+            if ends is None:
+                ends = self._index_ends()
+            write_atomic(os.path.join(self.data_dir, CHECKPOINT), pack_checkpoint(end, ends))
             self._checkpointed = end
             self._last_checkpoint = time.monotonic()
 
@@ -438,13 +532,18 @@ class FileMessageStore:
                 break
             if tag_hashes is None or th in tag_hashes:
                 picked.append((offset + i, pos, size))
-        k = 0  # index into picked of the first record of the current run
+        bounds = []  # (first, last) index into picked of each run's records: the runs' own rule
+        run_end = -1
+        for j, (_q, pos, size) in enumerate(picked):
+            if pos == run_end and bounds:
+                bounds[-1][1] = j + 1
+            else:
+                bounds.append([j, j + 1])
+            run_end = pos + size
         out = []
         for r, (a, b) in enumerate(runs):
             data = parts[r] if r < len(parts) else self.log.read(a, b)
-            last = k
-            while last < len(picked) and picked[last][1] < b:
-                last += 1
+            k, last = bounds[r]
             bad = None if data is None else _first_damaged(data, a, picked, k, last)
             if bad is not None:  # a ring copy may have lost a race: judge by the chunk file alone
                 data = self.log.read_file(a, b)
@@ -460,7 +559,6 @@ class FileMessageStore:
                 out.append(memoryview(data)[:pos - a])
                 return PullResult(b"".join(out), bad, qoff, lo, hi)
             out.append(data)
-            k = last
         records = out[0] if len(out) == 1 else b"".join(out)
         return PullResult(records, count, next_offset, lo, hi)
 
