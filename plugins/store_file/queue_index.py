@@ -174,10 +174,11 @@ class FileQueueIndex:
                 self._dirs_to_sync.add(q.path)
 
     def truncate(self, topic: str, queue_id: int, offset: int) -> int:
-        """Drop entries at and past offset (recovery: they point past the valid log). Returns how
-        many were dropped."""
+        """Drop entries at and past offset (recovery: they point past the valid log; append: a
+        failed write is taken back, bytes of a partial entry included). Returns how many whole
+        entries were dropped."""
         q = self._queue(topic, queue_id, False)
-        if q is None or offset >= q.end:
+        if q is None or offset > q.end or (offset == q.end and q.fd < 0):
             return 0
         offset = max(offset, q.min_offset)
         dropped = q.end - offset
@@ -375,8 +376,18 @@ class FileQueueIndex:
             fds = q.sealed + ([q.fd] if q.fd >= 0 else [])
             q.sealed, q.fd, q.fd_first = [], -1, -1
         for fd in fds:
-            os.fdatasync(fd)
-            os.close(fd)
+            try:
+                os.fdatasync(fd)
+            except OSError as e:
+                # a descriptor that is gone (EBADF) or cannot be synced (EINVAL) has nothing we
+                # could make durable; any other error (EIO) is the caller's to handle
+                if e.errno not in (errno.EBADF, errno.EINVAL):
+                    raise
+            finally:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def _close_read(self, q: _Queue, first: int) -> None:
         """Retire a read fd; it is closed a while later, so a thread in the middle of a pread on

@@ -158,6 +158,8 @@ class FileMessageStore:
         # in open() or by stamp_batch's crc over the very bytes append() wrote. read_queue serves
         # those without a second crc (see the module docstring); everything below is checked.
         self._verified_from = 1 << 63
+        self._durable = 0                   # end of the last flush that succeeded
+        self._checkpoint_cap = 1 << 63      # see _flush_to_disk: lowered for good by a failed fsync
         self._lock_fd = -1
 
     # ------------------------------------------------------------ open / recovery
@@ -223,6 +225,7 @@ class FileMessageStore:
         with open(abort_path, "wb"):
             pass
         self._flusher.start(end)
+        self._durable = end
         self._write_checkpoint(end)
         self._opened = True
         if not clean:
@@ -402,10 +405,18 @@ class FileMessageStore:
         try:
             self.index.add(topic, queue_id, first, index_entries(batch, starts, positions))
         except BaseException as e:
-            # the log holds records the index lacks: appending on would hand out their offsets
-            # again. Refuse further appends; the next open rebuilds the index from the log.
-            self._broken = e
-            raise StoreError(f"index write failed, store needs a restart: {e}") from e
+            # the log holds records the index lacks: take both back, so the store stays usable
+            # (disk full: the send fails, the next one works once there is space again)
+            try:
+                self.index.truncate(topic, queue_id, first)
+                self.log.unwrite(base)
+            except BaseException as undo:
+                # appending on would hand out these offsets again: refuse until a restart,
+                # whose recovery rebuilds the index from the log
+                self._broken = undo
+                raise StoreError(f"index write failed ({e}) and could not be undone ({undo}); "
+                                 "the store needs a restart") from e
+            raise StoreError(f"index write failed, nothing stored: {e}") from e
         self._next[key] = first + len(starts)
         self.log.publish(end)
         self._flusher.written(end)
@@ -417,14 +428,31 @@ class FileMessageStore:
     def _flush_to_disk(self) -> int:
         """The flusher thread's job: fsync log then index, then maybe move the checkpoint. The
         queue ends the checkpoint records are taken first, so every entry they count points at a
-        record below the log end synced next."""
+        record below the log end synced next.
+
+        After a failed fsync the checkpoint never again passes the end of the last flush that
+        succeeded before it (`_checkpoint_cap`, for the life of this process): Linux may drop the
+        dirty pages of a failed fsync and report success on the next one, so a later success
+        does not prove the earlier bytes reached the disk. The next open verifies everything
+        past the cap (recovery scans from the checkpoint) instead of trusting it."""
         ends = self._index_ends()
-        end = self.log.sync()
-        self.index.flush()
+        try:
+            end = self.log.sync()
+            self.index.flush()
+        except BaseException:
+            if self._checkpoint_cap > self._durable:
+                log.error("fsync failed: the checkpoint stays at or below position %d from now on "
+                          "(the next start verifies the log after it)", self._durable)
+            self._checkpoint_cap = min(self._checkpoint_cap, self._durable)
+            raise
+        self._durable = max(self._durable, min(end, self._checkpoint_cap))
         self.log.sweep_maps()
         now = time.monotonic()
         if end != self._checkpointed and now - self._last_checkpoint >= CHECKPOINT_EVERY_SECONDS:
-            self._write_checkpoint(end, ends)
+            try:
+                self._write_checkpoint(end, ends)
+            except OSError as e:  # the data is durable; an old checkpoint only costs recovery time
+                log.warning("could not write the checkpoint (%s); it stays at %d", e, self._checkpointed)
         return end
 
     def _index_ends(self) -> dict[tuple[str, int], int]:
@@ -436,6 +464,7 @@ class FileMessageStore:
     def _write_checkpoint(self, end: int, ends: dict[tuple[str, int], int] | None = None) -> None:
         """Vouch for the log below end and for each queue's index up to its end in `ends`."""
         with self._checkpoint_lock:
+            end = min(end, self._checkpoint_cap)
             if end < self._checkpointed:
                 return
             if ends is None:
