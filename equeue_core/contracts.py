@@ -24,6 +24,9 @@ class StoreSettings:
     flush: str = "async"  # "async" | "sync"
     flush_interval_ms: int = 500
     options: dict[str, Any] = field(default_factory=dict)
+    # the largest batch append() may be given (the broker passes max_frame_size); 0 = not known.
+    # A store with a size limit (the file store's chunk) refuses to open below it.
+    max_batch_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,7 +76,7 @@ class Broker:
         os.makedirs(cfg.data_dir, exist_ok=True)
         settings = StoreSettings(data_dir=cfg.data_dir, flush=cfg.flush,
                                  flush_interval_ms=cfg.flush_interval_ms,
-                                 options=cfg.store_settings_options())
+                                 options=cfg.store_settings_options(), max_batch_bytes=cfg.max_frame_size)
         index = self.plugins.queue_index(cfg.store)(settings)
         self.store = self.plugins.message_store(cfg.store)(settings, index)
         self.recovery = self.store.open()

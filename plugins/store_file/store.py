@@ -40,6 +40,7 @@ from equeue_core.contracts import (
     StoreSettings,
 )
 from equeue_core.errors import (
+    ConfigError,
     CorruptRecordError,
     MessageNotFoundError,
     OffsetOutOfRangeError,
@@ -74,6 +75,7 @@ from .constants import (
     DEFAULT_MAP_HIGH_BYTES,
     DEFAULT_MAP_LOW_BYTES,
     DEFAULT_RING_BYTES,
+    END_OF_CHUNK_SIZE,
     LOCK,
     MAP_IDLE_SECONDS,
     MIN_CHUNK_SIZE,
@@ -134,6 +136,12 @@ class FileMessageStore:
             chunk_size = int(info["chunk_size"])
         if chunk_size < MIN_CHUNK_SIZE:
             raise StoreError(f"chunk_size must be at least {MIN_CHUNK_SIZE}")
+        if settings.max_batch_bytes and chunk_size - END_OF_CHUNK_SIZE < settings.max_batch_bytes:
+            # a batch never spans chunks: a frame-sized batch would be refused forever
+            where = f"stored in {self.data_dir}/store.json" if info is not None else "store_options.file.chunk_size"
+            raise ConfigError(f"chunk_size {chunk_size} ({where}) is too small for max_frame_size "
+                              f"{settings.max_batch_bytes}: a batch must fit in one chunk, so chunk_size must "
+                              f"be at least max_frame_size + {END_OF_CHUNK_SIZE}")
         self.chunk_size = chunk_size
         self._index_file_entries = int(info["index_file_entries"]) if info else getattr(
             index, "entries_per_file", _int_option(opts, "index_file_entries", DEFAULT_INDEX_FILE_ENTRIES))
