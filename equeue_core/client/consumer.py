@@ -350,44 +350,60 @@ class AsyncConsumer:
 
     async def _park(self, pq: ProcessQueue, error: CorruptRecordError) -> None:
         """The broker refuses a record of this queue as corrupt: retrying cannot help, so the
-        queue stops (loudly) instead of pulling it again and again. It stays stopped until an
-        admin moves the group past the record (`equeue groups skip`, AdminClient.skip_record);
-        the queue then resumes at the group's new offset. While stopped, it re-reads that offset
-        with a bounded backoff (1 s doubling to corrupt_recheck_max) and commits the messages it
-        finished below the record, never a value at or past it (that is the admin's to set)."""
+        queue stops (loudly) instead of pulling it again and again; the consumer's other queues go
+        on. It first lets the messages in flight below the record finish and commits them, then
+        logs STOPPED with the command that skips the record, and from then on commits nothing for
+        this queue (so it never undoes a skip). An admin moves the group past the record
+        (`equeue groups skip`, AdminClient.skip_record); the queue sees the group's new offset
+        (checked with a backoff of 1 s doubling to corrupt_recheck_max) and resumes there."""
         assert self._conn is not None
         at = error.offset if error.offset is not None else pq.next_offset
         pq.parked_at = at
         self.stats["corrupt"] += 1
-        log.error("STOPPED %s/%d at offset %d: %s. Retrying cannot help; skip it with: "
-                  "equeue groups skip %s --topic %s --queue %d --offset %d", pq.topic, pq.queue_id, at,
-                  error, self.group, pq.topic, pq.queue_id, at)
+        log.error("%s/%d: %s. Retrying cannot help: this queue stops once its %d messages in flight "
+                  "are done", pq.topic, pq.queue_id, error, len(pq.in_flight))
+        while self._running and not pq.dropped and pq.in_flight:
+            await pq.wait_change(1.0)
+        if not self._running or pq.dropped:
+            return
+        if not await self._skipped(pq, at):
+            pq.parked_at = None
+            try:
+                await self._commit_queues([pq])
+            except EQueueError as e:
+                log.warning("%s/%d: committing before the stop failed: %s", pq.topic, pq.queue_id, e)
+            finally:
+                pq.parked_at = at
+        log.error("STOPPED %s/%d at offset %d (corrupt record). Skip it with: equeue groups skip %s "
+                  "--topic %s --queue %d --offset %d", pq.topic, pq.queue_id, at, self.group, pq.topic,
+                  pq.queue_id, at)
         delay = 1.0
         while self._running and not pq.dropped:
+            if await self._skipped(pq, at):
+                return
             await pq.wait_change(delay)
             delay = min(self.corrupt_recheck_max, delay * 2)
-            try:
-                if self.mode == "broadcasting":
-                    now = self._load_local_offsets().get(f"{pq.topic}:{pq.queue_id}")
-                else:
-                    now = (await self._conn.request(Code.QUERY_OFFSET, {
-                        "group": self.group, "topic": pq.topic, "queue_id": pq.queue_id})).header["offset"]
-                if now is not None and now > at:
-                    log.warning("%s/%d: offset %d was skipped; resuming at %d", pq.topic, pq.queue_id, at, now)
-                    pq.next_offset = pq.last_committed = now
-                    pq.parked_at = None
-                    return
-                if pq.committable() != pq.last_committed:
-                    pq.parked_at = None
-                    try:
-                        await self._commit_queues([pq])
-                    finally:
-                        pq.parked_at = at
-            except asyncio.CancelledError:
-                raise
-            except EQueueError as e:
-                log.warning("%s/%d stopped at a corrupt record; checking for a skip failed: %s",
-                            pq.topic, pq.queue_id, e)
+
+    async def _skipped(self, pq: ProcessQueue, at: int) -> bool:
+        """If the group's offset moved past `at` (an admin's skip), resume the queue there."""
+        assert self._conn is not None
+        try:
+            if self.mode == "broadcasting":
+                now = self._load_local_offsets().get(f"{pq.topic}:{pq.queue_id}")
+            else:
+                now = (await self._conn.request(Code.QUERY_OFFSET, {
+                    "group": self.group, "topic": pq.topic, "queue_id": pq.queue_id})).header["offset"]
+        except asyncio.CancelledError:
+            raise
+        except EQueueError as e:
+            log.warning("%s/%d: checking for a skip failed: %s", pq.topic, pq.queue_id, e)
+            return False
+        if now is None or now <= at:
+            return False
+        log.warning("%s/%d: offset %d was skipped; resuming at %d", pq.topic, pq.queue_id, at, now)
+        pq.next_offset = pq.last_committed = now
+        pq.parked_at = None
+        return True
 
     # ---------------------------------------------------------------- handling
 
