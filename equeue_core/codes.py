@@ -36,6 +36,7 @@ class Code(IntEnum):
     BROKER_INFO = 28     # {} -> {address, store, transport, version, flush}
     QUERY_BY_KEY = 29    # {topic, key, max?, scan_limit?} -> {count, scanned} + body: records, newest first
     BROKER_STATS = 30    # {} -> {topics, groups, held_pulls, connections, disk, latency, ...} (docs/operations.md)
+    SKIP_RECORD = 31     # {group, topic, queue_id, offset} -> {skipped, next_offset, previous, corrupt}
     # name server (equeue nameserver; docs/cluster.md)
     REGISTER_BROKER = 40    # {cluster, name, address, data_version, topics: {name: {queues, perm}}}
                             #   -> {cluster, name, expiry_s}; broker_name_conflict if the name is taken

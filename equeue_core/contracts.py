@@ -24,17 +24,40 @@ class StoreSettings:
     flush: str = "async"  # "async" | "sync"
     flush_interval_ms: int = 500
     options: dict[str, Any] = field(default_factory=dict)
+    # the largest batch append() may be given (the broker passes max_frame_size); 0 = not known.
+    # A store with a size limit (the file store's chunk) refuses to open below it.
+    max_batch_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRange:
+    """Queue offsets first_offset..last_offset (both included) of one queue."""
+
+    topic: str
+    queue_id: int
+    first_offset: int
+    last_offset: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}/{self.queue_id} offsets {self.first_offset}..{self.last_offset}"
 
 
 @dataclass(slots=True)
 class RecoveryReport:
-    """What `MessageStore.open` found: was the last stop clean, and what recovery dropped or rebuilt."""
+    """What `MessageStore.open` found: was the last stop clean, and what recovery dropped or rebuilt.
+
+    `rebuilt`: index ranges recovery (re)wrote from the log (the records are there and readable).
+    `lost`: offsets the store had handed out whose records recovery could not find (a torn tail
+    cut off, an unreadable stretch of the log); their offsets are never handed out again, and
+    a read of one raises CorruptRecordError. Both empty after a clean stop with intact files."""
 
     clean: bool
     truncated_bytes: int = 0
     rebuilt_entries: int = 0
     records: int = 0
     notes: list[str] = field(default_factory=list)
+    rebuilt: list[IndexRange] = field(default_factory=list)
+    lost: list[IndexRange] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -105,9 +105,15 @@ class MessageNotFoundError(EQueueError):
 
 
 class CorruptRecordError(EQueueError):
-    """A stored record whose length, magic or crc is wrong."""
+    """A stored record whose length, magic or crc is wrong. Raised by a store instead of serving
+    it; details name it: topic, queue_id, offset (queue offset), position (store position)."""
 
     code = "corrupt_record"
+
+    @property
+    def offset(self) -> int | None:
+        v = self.details.get("offset")
+        return int(v) if isinstance(v, int) else None  # type: ignore[arg-type]
 
 
 class StoreError(EQueueError):

@@ -5,6 +5,12 @@ calling the store's `flush_fn` (fsync, msync, sync txn commit ...), which return
 it made durable. In "sync" mode the thread flushes as soon as anyone waits, so concurrent senders
 share one fsync (group commit); in "async" mode it flushes every interval and `wait` resolves at the
 next flush. The event loop never runs an fsync.
+
+A failed flush is not permanent: the waiters it could not serve get a StoreError naming the cause
+(disk full, I/O error), and the next wait or interval tries again, so once space is freed sync
+sends work again without a restart. While it keeps failing every sync send fails at once with that
+error (no hanging). `failures` counts failed flushes; a store that keeps a checkpoint must not let
+one vouch for data a failed flush covered (FileMessageStore caps it, see its _flush_to_disk).
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+
+from equeue_core.errors import EQueueError, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +51,8 @@ class Flusher:
         self._written = 0
         self.flushed = 0
         self._stopping = False
-        self._error: BaseException | None = None
+        self.last_error: BaseException | None = None  # the most recent failure (kept for reports)
+        self.failures = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self, flushed: int = 0) -> None:
@@ -56,9 +65,6 @@ class Flusher:
 
     def wait(self, end_position: int) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        if self._error is not None:
-            fut.set_exception(self._error)
-            return fut
         if end_position <= self.flushed:
             fut.set_result(None)
             return fut
@@ -80,22 +86,32 @@ class Flusher:
                 return
 
     def _flush_once(self) -> None:
+        with self._cond:  # the waiters this attempt answers: any later one gets a fresh try
+            attempt = self._waiters
+            self._waiters = []
         try:
             started = time.perf_counter()
             flushed = self._flush_fn()
-        except BaseException as e:  # disk errors must reach every waiter, not kill silently
-            log.exception("flush failed")
-            self._error = e
-            with self._cond:
-                waiters, self._waiters = self._waiters, []
-            for _, _, fut in waiters:
+        except BaseException as e:  # disk errors must reach every waiter, not kill the thread
+            self.failures += 1
+            if self.failures == 1 or str(e) != str(self.last_error):
+                log.error("flush failed (%d so far): %s; waiting sends fail, the next flush retries",
+                          self.failures, e)
+            self.last_error = e
+            err = e if isinstance(e, EQueueError) else StoreError(f"flush to disk failed: {e}")
+            for _, _, fut in attempt:
                 if not fut.done():
-                    fut.set_exception(e)
+                    fut.set_exception(err)
             return
         elapsed = time.perf_counter() - started
+        if self.last_error is not None:
+            log.warning("flush works again after %d failures", self.failures)
+            self.last_error = None
         self.flushed = max(self.flushed, flushed)
         done = []
         with self._cond:
+            for item in attempt:
+                heapq.heappush(self._waiters, item)
             while self._waiters and self._waiters[0][0] <= self.flushed:
                 done.append(heapq.heappop(self._waiters)[2])
         for fut in done:

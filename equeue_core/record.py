@@ -71,6 +71,7 @@ _U64 = struct.Struct("<Q")
 _STAMP = struct.Struct("<QQI")  # position, queue_offset, queue_id at OFF_POSITION
 _TS = struct.Struct("<q")
 _LENS = struct.Struct("<HHIII")  # at offset 60
+_HEAD20 = struct.Struct("<IBBHIQ")  # size, magic, version, flags, crc, position: the first 20 bytes
 
 _props_encoder = msgspec.msgpack.Encoder()
 _props_decoder = msgspec.msgpack.Decoder(dict[str, str])
@@ -213,6 +214,35 @@ def verify(buf: bytes | bytearray | memoryview, start: int = 0, limit: int | Non
     if crc32c(memoryview(buf)[start + CRC_FROM:start + size]) != crc:
         raise CorruptRecordError(f"crc mismatch at {start}")
     return size
+
+
+def damage(buf: bytes | bytearray | memoryview, start: int, size: int, position: int) -> str | None:
+    """Why the record an index entry names (`size` bytes at `start` of buf, stamped with
+    `position`) must not be served, or None if it is intact: record.verify's checks plus "it is the
+    record the entry names". The common case costs one unpack and one crc (the length fields sit
+    inside the crc'd bytes, so an intact crc vouches for them). An entry of size 0 is a file-store
+    marker for a record recovery could not find (docs/format.md, "lost")."""
+    if size == 0:
+        return "lost: recovery found no record for this offset (see the recovery report)"
+    if size >= HEADER_SIZE and len(buf) - start >= size:
+        whole, magic, version, _flags, crc, at = _HEAD20.unpack_from(buf, start)
+        if (whole == size and magic == MAGIC and version == VERSION and at == position
+                and crc32c(memoryview(buf)[start + CRC_FROM:start + size]) == crc):
+            return None
+    try:
+        found = verify(buf, start, min(len(buf), start + size))
+    except CorruptRecordError as e:
+        return str(e).rsplit(" at ", 1)[0]  # "crc mismatch at 0": the offset in buf says nothing here
+    if found != size:
+        return f"record is {found} bytes, its index entry says {size}"
+    return f"record says position {_U64.unpack_from(buf, start + OFF_POSITION)[0]}, expected {position}"
+
+
+def corrupt_record(topic: str, queue_id: int, offset: int, position: int, why: str) -> CorruptRecordError:
+    """The typed error a store raises instead of serving a damaged record: it names where the
+    record is (topic, queue, queue offset, store position), so an operator can skip exactly it."""
+    return CorruptRecordError(f"corrupt record at {topic}/{queue_id} offset {offset} (position {position}): {why}",
+                              topic=topic, queue_id=queue_id, offset=offset, position=position)
 
 
 def record_size(buf: bytes | bytearray | memoryview, start: int = 0) -> int:

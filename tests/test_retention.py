@@ -12,7 +12,7 @@ from tests.helpers.consume import consume
 def _broker(tmp_path, policy: str) -> BrokerProcess:
     cfg = tmp_path / "b.toml"
     cfg.write_text(f'retention_hours = 0.0002\nretention_policy = "{policy}"\nretention_check_s = 0.3\n'
-                   "offset_persist_ms = 200\n[store_options.file]\nchunk_size = 65536\n")
+                   "offset_persist_ms = 200\nmax_frame_size = 65000\nmax_body_size = 16384\n[store_options.file]\nchunk_size = 65536\n")
     return BrokerProcess(tmp_path / "data", config=str(cfg)).start()
 
 
@@ -53,7 +53,7 @@ def test_unconsumed_data_is_kept_under_time_and_consumed(tmp_path):
 
 def test_above_the_disk_high_water_mark_the_oldest_data_goes_even_unconsumed(tmp_path):
     cfg = tmp_path / "b.toml"
-    cfg.write_text("retention_hours = 1000\nretention_check_s = 0.3\n[store_options.file]\nchunk_size = 65536\n")
+    cfg.write_text("retention_hours = 1000\nretention_check_s = 0.3\nmax_frame_size = 65000\nmax_body_size = 16384\n[store_options.file]\nchunk_size = 65536\n")
     b = BrokerProcess(tmp_path / "data", config=str(cfg), env={"EQUEUE_DISK_HIGH_WATER": "0.0001"}).start()
     try:
         with Producer(b.address) as p:

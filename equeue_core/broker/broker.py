@@ -84,7 +84,7 @@ class Broker:
         os.makedirs(cfg.data_dir, exist_ok=True)
         settings = StoreSettings(data_dir=cfg.data_dir, flush=cfg.flush,
                                  flush_interval_ms=cfg.flush_interval_ms,
-                                 options=cfg.store_settings_options())
+                                 options=cfg.store_settings_options(), max_batch_bytes=cfg.max_frame_size)
         index = self.plugins.queue_index(cfg.store)(settings)
         self.store = self.plugins.message_store(cfg.store)(settings, index)
         opened = time.perf_counter()
@@ -205,6 +205,7 @@ class Broker:
             Code.OFFSET_FOR_TIME: self.on_offset_for_time,
             Code.BROKER_INFO: self.on_broker_info,
             Code.QUERY_BY_KEY: self.on_query_by_key,
+            Code.SKIP_RECORD: self.on_skip_record,
         }
         self._handlers.update(self.groups.handlers())
         self._handlers.update(self.scheduler.handlers())
@@ -284,6 +285,10 @@ class Broker:
             try:
                 res = self.store.read_queue(topic, queue_id, offset, max_count,
                                             self.config.pull_max_bytes, tag_hashes)
+            except CorruptRecordError as e:
+                log.error("pull %s/%d of group %s refused: %s (skip it with `equeue groups skip`)",
+                          topic, queue_id, h.get("group"), e)
+                raise
             except OffsetOutOfRangeError as e:
                 if h.get("strict"):
                     raise
@@ -325,6 +330,31 @@ class Broker:
         lo, hi = self.store.queue_range(topic, queue_id)
         return frame.response({"offset": self.offsets.get(group, topic, queue_id),
                                "min_offset": lo, "max_offset": hi})
+
+    async def on_skip_record(self, conn: ServerConnection, frame: Frame) -> Frame:
+        """Admin: move a group past one record (a corrupt one its consumers cannot read), by
+        committing offset + 1 for the group; never moves a group backwards."""
+        h = frame.header
+        group, topic, queue_id, offset = _str(h, "group"), _str(h, "topic"), _int(h, "queue_id"), _int(h, "offset")
+        self.topics.check_queue(topic, queue_id)
+        lo, hi = self.store.queue_range(topic, queue_id)
+        if not lo <= offset < hi:
+            raise OffsetOutOfRangeError(f"offset {offset} of {topic}/{queue_id} is outside [{lo}, {hi})",
+                                        min_offset=lo, max_offset=hi)
+        current = self.offsets.get(group, topic, queue_id)
+        if current is not None and current > offset:  # already past it: nothing to skip
+            return frame.response({"skipped": False, "next_offset": current, "previous": current, "corrupt": ""})
+        try:
+            self.store.read_queue(topic, queue_id, offset, 1, self.config.pull_max_bytes)
+            damage = None
+        except CorruptRecordError as e:
+            damage = str(e)
+        self.offsets.commit(group, topic, queue_id, offset + 1)
+        self.offsets.persist()
+        log.warning("group %s skipped %s/%d offset %d (%s) by admin request", group, topic, queue_id,
+                    offset, damage or "the record was readable")
+        return frame.response({"skipped": True, "next_offset": offset + 1, "previous": current,
+                               "corrupt": damage or ""})
 
     async def on_offset_for_time(self, conn: ServerConnection, frame: Frame) -> Frame:
         h = frame.header
@@ -412,7 +442,11 @@ class Broker:
             "transport": self.config.transport, "flush": self.config.flush,
             "version": __version__, "data_dir": os.path.abspath(self.config.data_dir),
             "recovery": {"clean": self.recovery.clean, "truncated_bytes": self.recovery.truncated_bytes,
-                         "rebuilt_entries": self.recovery.rebuilt_entries},
+                         "rebuilt_entries": self.recovery.rebuilt_entries,
+                         "rebuilt": [[r.topic, r.queue_id, r.first_offset, r.last_offset]
+                                     for r in self.recovery.rebuilt],
+                         "lost": [[r.topic, r.queue_id, r.first_offset, r.last_offset]
+                                  for r in self.recovery.lost]},
             "stats": dict(self.stats), "held_pulls": self.hold.held,
             "scheduler": self.scheduler.stats()})
 

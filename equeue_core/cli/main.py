@@ -66,6 +66,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
             joined = sum(link.state == "registered" for link in reg.links)
             logs.announce(cfg.log_format, f"  cluster   {reg.cluster}/{reg.name} as {reg.address}, registered with"
                           f" {joined} of {len(reg.links)} name servers")
+        for r in rec.rebuilt:
+            logs.announce(cfg.log_format, f"  rebuilt   index of {r} from the log")
+        for r in rec.lost:
+            logs.announce(cfg.log_format, f"  LOST      {r}: no record in the log (reads of them fail; skip them)")
         try:
             await stop.wait()
         finally:
@@ -248,6 +252,11 @@ def cmd_groups(args: argparse.Namespace) -> int:
         if args.action == "reset":
             for t, q, off in admin.reset_offsets(args.group, args.topic, reset_target(args.to)):
                 print(f"{t}\t{q}\t{off}")
+        elif args.action == "skip":
+            if not (args.group and args.topic) or args.queue is None or args.offset is None:
+                print("error: skip needs GROUP --topic T --queue Q --offset N", file=sys.stderr)
+                return 2
+            print(admin.skip_record(args.group, args.topic, args.queue, args.offset))
         elif args.action == "dlq":
             msgs = admin.dlq_messages(args.group, 0, args.count)
             for m in msgs:
@@ -419,12 +428,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--broker", default=DEFAULT_BROKER)
     t.set_defaults(fn=cmd_topics)
 
-    g = sub.add_parser("groups", help="group members, offsets and lag; reset offsets; DLQ")
-    g.add_argument("action", nargs="?", choices=["show", "reset", "dlq", "resend"], default="show")
+    g = sub.add_parser("groups", help="group members, offsets and lag; reset offsets; skip a record; DLQ")
+    g.add_argument("action", nargs="?", choices=["show", "reset", "dlq", "resend", "skip"], default="show")
     g.add_argument("group", nargs="?")
     g.add_argument("--topic")
     g.add_argument("--to", help="earliest, latest, epoch ms or an ISO date/time, UTC by default (reset)")
     g.add_argument("--count", type=int, default=100)
+    g.add_argument("--queue", type=int, help="queue id (skip)")
+    g.add_argument("--offset", type=int, help="the queue offset to skip, e.g. a corrupt record's (skip)")
     g.add_argument("--msg-ids", nargs="*")
     g.add_argument("--json", action="store_true")
     g.add_argument("--broker", default=DEFAULT_BROKER)

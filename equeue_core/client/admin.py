@@ -76,6 +76,17 @@ class AsyncAdminClient:
     async def reset_offsets(self, group: str, topic: str, to: str | int) -> list[list[Any]]:
         return (await self.request(Code.RESET_OFFSETS, {"group": group, "topic": topic, "to": to}))["offsets"]
 
+    async def skip_record(self, group: str, topic: str, queue_id: int, offset: int) -> str:
+        """Move a group past one record of a queue (a corrupt record its consumers stop at:
+        they resume at offset + 1). Returns a one-line confirmation of what was skipped."""
+        h = await self.request(Code.SKIP_RECORD, {"group": group, "topic": topic, "queue_id": queue_id,
+                                                  "offset": offset})
+        if not h["skipped"]:
+            return f"nothing skipped: group {group} is already at offset {h['next_offset']} of {topic}/{queue_id}"
+        what = h["corrupt"] or "the record was readable"
+        return (f"skipped {topic}/{queue_id} offset {offset} for group {group} ({what}); "
+                f"the group resumes at offset {h['next_offset']}")
+
     async def get_message(self, msg_id: str) -> ReceivedMessage:
         assert self._conn is not None
         body = (await self._conn.request(Code.GET_MESSAGE, {"msg_id": msg_id})).body

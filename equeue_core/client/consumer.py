@@ -31,7 +31,14 @@ from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
 from equeue_core.codes import Code, PullStatus
-from equeue_core.errors import ClientClosedError, ConfigError, EQueueError, TopicNotFoundError, TransportError
+from equeue_core.errors import (
+    ClientClosedError,
+    ConfigError,
+    CorruptRecordError,
+    EQueueError,
+    TopicNotFoundError,
+    TransportError,
+)
 from equeue_core.frame import Frame
 from equeue_core.plugins import get_plugin_manager
 
@@ -61,7 +68,8 @@ class AsyncConsumer:
                  commit_interval: float = 5.0, lock_interval: float = 20.0, suspend_seconds: float = 1.0,
                  offset_dir: str = ".equeue-offsets", client_id: str | None = None,
                  flow_max_messages: int = 1000, flow_max_bytes: int = 100 * MiB, flow_max_span: int = 2000,
-                 hold_ms: int = 15000, parallel_per_queue: int = 1) -> None:
+                 hold_ms: int = 15000, parallel_per_queue: int = 1,
+                 corrupt_recheck_max: float = 10.0) -> None:
         if mode not in ("clustering", "broadcasting"):
             raise ConfigError(f"mode must be 'clustering' or 'broadcasting', not {mode!r}")
         if not (consume_from in ("first", "last") or isinstance(consume_from, int)):
@@ -109,7 +117,8 @@ class AsyncConsumer:
         # any more (read by worker threads before each call), so what stays unhandled stays
         # uncommitted.
         self._handing_out = False
-        self.stats = {"handled": 0, "failed": 0, "sent_back": 0}
+        self.stats = {"handled": 0, "failed": 0, "sent_back": 0, "pulls": 0, "corrupt": 0}
+        self.corrupt_recheck_max = corrupt_recheck_max  # at most this many s between checks for a skip
 
     # ---------------------------------------------------------------- setup
 
@@ -340,6 +349,7 @@ class AsyncConsumer:
                 await pq.wait_change(0.5)
                 continue
             epoch = pq.lock_epoch
+            self.stats["pulls"] += 1
             try:
                 if pq.needs_offset:  # the lock came back: someone else may have moved the queue on
                     pq.next_offset = await self._start_offset(pq.topic, pq.queue_id)
@@ -351,6 +361,9 @@ class AsyncConsumer:
                 raise
             except ClientClosedError:
                 return
+            except CorruptRecordError as e:
+                await self._park(pq, e)
+                continue
             except EQueueError as e:
                 if isinstance(e, TransportError):
                     self._locks_lost()
@@ -383,6 +396,63 @@ class AsyncConsumer:
                         self._dispatch(pq, msgs)
             else:
                 pq.next_offset = h["next_offset"]
+
+    async def _park(self, pq: ProcessQueue, error: CorruptRecordError) -> None:
+        """The broker refuses a record of this queue as corrupt: retrying cannot help, so the
+        queue stops (loudly) instead of pulling it again and again; the consumer's other queues go
+        on. It first lets the messages in flight below the record finish and commits them, then
+        logs STOPPED with the command that skips the record, and from then on commits nothing for
+        this queue (so it never undoes a skip). An admin moves the group past the record
+        (`equeue groups skip`, AdminClient.skip_record); the queue sees the group's new offset
+        (checked with a backoff of 1 s doubling to corrupt_recheck_max) and resumes there."""
+        assert self._conn is not None
+        at = error.offset if error.offset is not None else pq.next_offset
+        pq.parked_at = at
+        self.stats["corrupt"] += 1
+        log.error("%s/%d: %s. Retrying cannot help: this queue stops once its %d messages in flight "
+                  "are done", pq.topic, pq.queue_id, error, len(pq.in_flight))
+        while self._running and not pq.dropped and pq.in_flight:
+            await pq.wait_change(1.0)
+        if not self._running or pq.dropped:
+            return
+        if not await self._skipped(pq, at):
+            pq.parked_at = None
+            try:
+                await self._commit_queues([pq])
+            except EQueueError as e:
+                log.warning("%s/%d: committing before the stop failed: %s", pq.topic, pq.queue_id, e)
+            finally:
+                pq.parked_at = at
+        log.error("STOPPED %s/%d at offset %d (corrupt record). Skip it with: equeue groups skip %s "
+                  "--topic %s --queue %d --offset %d", pq.topic, pq.queue_id, at, self.group, pq.topic,
+                  pq.queue_id, at)
+        delay = 1.0
+        while self._running and not pq.dropped:
+            if await self._skipped(pq, at):
+                return
+            await pq.wait_change(delay)
+            delay = min(self.corrupt_recheck_max, delay * 2)
+
+    async def _skipped(self, pq: ProcessQueue, at: int) -> bool:
+        """If the group's offset moved past `at` (an admin's skip), resume the queue there."""
+        assert self._conn is not None
+        try:
+            if self.mode == "broadcasting":
+                now = self._load_local_offsets().get(f"{pq.topic}:{pq.queue_id}")
+            else:
+                now = (await self._conn.request(Code.QUERY_OFFSET, {
+                    "group": self.group, "topic": pq.topic, "queue_id": pq.queue_id})).header["offset"]
+        except asyncio.CancelledError:
+            raise
+        except EQueueError as e:
+            log.warning("%s/%d: checking for a skip failed: %s", pq.topic, pq.queue_id, e)
+            return False
+        if now is None or now <= at:
+            return False
+        log.warning("%s/%d: offset %d was skipped; resuming at %d", pq.topic, pq.queue_id, at, now)
+        pq.next_offset = pq.last_committed = now
+        pq.parked_at = None
+        return True
 
     # ---------------------------------------------------------------- handling
 
@@ -604,7 +674,9 @@ class AsyncConsumer:
     async def _commit_queues(self, queues: list[ProcessQueue]) -> None:
         if self.orderly:  # only the lock holder speaks for an orderly queue's offset
             queues = [pq for pq in queues if pq.locked and not pq.needs_offset]
-        changed = [(pq, pq.committable()) for pq in queues]
+        # a queue stopped at a corrupt record commits from its own loop (_park), so it never
+        # overwrites the offset an admin's skip set meanwhile
+        changed = [(pq, pq.committable()) for pq in queues if pq.parked_at is None]
         changed = [(pq, off) for pq, off in changed if off != pq.last_committed]
         if not changed:
             return

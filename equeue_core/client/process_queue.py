@@ -31,6 +31,7 @@ class ProcessQueue:
         self.lock_epoch = 0  # orderly: +1 each time the lock is lost; work of an older epoch is void
         self.needs_offset = False  # orderly: after a lost lock, start again from the committed offset
         self.last_committed: int | None = None
+        self.parked_at: int | None = None  # stopped at this offset: a corrupt record (consumer._park)
         # Set whenever something changes that a waiting loop may care about (messages handled,
         # messages arrived, lock gained, queue dropped): loops wait on it instead of polling.
         self.changed = asyncio.Event()

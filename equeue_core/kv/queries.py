@@ -2,10 +2,12 @@
 searches by time and by position, Arrow export. The engine supplies two lookups that run in one
 snapshot (an LMDB read txn, a RocksDB view), so a pull never mixes two states of the store.
 
-Guarantees: every record returned has been checked with record.verify (size, magic, lengths,
-crc) and matches its index entry's size, so a damaged record raises CorruptRecordError instead of
-being served; entries or records that vanished under the reader (retention racing a pull) raise
-OffsetOutOfRangeError carrying the new bounds.
+Guarantees: every record returned has been checked (record.damage: size, magic, lengths, crc,
+and the position and size its index entry names), so a damaged record is never served: a pull
+serves the intact records before it and stops there, and a pull that starts at it raises
+CorruptRecordError naming topic, queue, queue offset and position (record.corrupt_record); entries
+or records that vanished under the reader (retention racing a pull) raise OffsetOutOfRangeError
+carrying the new bounds.
 """
 
 from __future__ import annotations
@@ -16,20 +18,9 @@ from typing import Any
 
 from equeue_core.contracts import PullResult
 from equeue_core.errors import CorruptRecordError, OffsetOutOfRangeError
-from equeue_core.record import (
-    CRC_FROM,
-    HEADER_SIZE,
-    INDEX_ENTRY,
-    INDEX_ENTRY_SIZE,
-    MAGIC,
-    OFF_STORE_TS,
-    VERSION,
-    crc32c,
-    verify,
-)
+from equeue_core.record import INDEX_ENTRY, INDEX_ENTRY_SIZE, OFF_STORE_TS, corrupt_record, damage
 
 _TS = struct.Struct("<q")
-_HEAD = struct.Struct("<IBBHIQ")  # size, magic, version, flags, crc, position: record.py's first 20 bytes
 
 # A filtered pull scans at most this many index entries before it answers with its progress, so
 # a selective subscription on a long queue cannot pin the reader; the caller resumes at next_offset.
@@ -47,31 +38,25 @@ def out_of_range(offset: int, lo: int, hi: int) -> OffsetOutOfRangeError:
 
 
 def check_record(rec: bytes | memoryview | None, offset: int, size: int, position: int, lo: int,
-                 hi: int) -> bytes | memoryview:
+                 hi: int, *, topic: str, queue_id: int) -> bytes | memoryview:
     """The record if intact and the one the index entry names; a missing one means retention won
-    the race, a bad one is corrupt."""
+    the race (OffsetOutOfRangeError), a bad one is corrupt (CorruptRecordError with its place)."""
     if rec is None:
         raise out_of_range(offset, lo, hi)
-    if len(rec) == size >= HEADER_SIZE:
-        # The fast path, one unpack and one crc: the same checks as record.verify (the length
-        # fields sit inside the crc'd bytes, so a record sealed by stamp_batch needs no re-sum).
-        whole, magic, version, _flags, crc, at = _HEAD.unpack_from(rec, 0)
-        if (whole == size and magic == MAGIC and version == VERSION and at == position
-                and crc32c(memoryview(rec)[CRC_FROM:]) == crc):
-            return rec
-    if len(rec) != size:
-        raise CorruptRecordError(f"record at queue offset {offset}: {len(rec)} bytes, index says {size}")
-    verify(rec)  # raises with the precise reason
-    raise CorruptRecordError(f"record at queue offset {offset} is not the one at position {position}")
+    why = damage(rec, 0, size, position) if len(rec) == size else f"{len(rec)} bytes, its index entry says {size}"
+    if why is not None:
+        raise corrupt_record(topic, queue_id, offset, position, why)
+    return rec
 
 
 def pull(entries: EntriesFn, records: RecordsFn, offset: int, lo: int, hi: int, max_count: int,
-         max_bytes: int, tag_hashes: frozenset[int] | None) -> PullResult:
+         max_bytes: int, tag_hashes: frozenset[int] | None, *, topic: str, queue_id: int) -> PullResult:
     """MessageStore.read_queue over one snapshot whose queue range is [lo, hi).
 
     next_offset is past every entry scanned; when max_count or max_bytes stops the pull it is the
     first record not served. The first matching record is always served, even if larger than
-    max_bytes, so an oversized record never stalls a consumer.
+    max_bytes, so an oversized record never stalls a consumer. A damaged record ends the pull
+    before it (next_offset is its offset); if it is the first to serve, CorruptRecordError.
     """
     if offset < lo or offset > hi:
         raise out_of_range(offset, lo, hi)
@@ -97,7 +82,12 @@ def pull(entries: EntriesFn, records: RecordsFn, offset: int, lo: int, hi: int, 
         for (off, pos, size), rec in zip(picked, recs, strict=True):
             if out and total + size > max_bytes:
                 return PullResult(b"".join(out), len(out), off, lo, hi)
-            out.append(check_record(rec, off, size, pos, lo, hi))
+            try:
+                out.append(check_record(rec, off, size, pos, lo, hi, topic=topic, queue_id=queue_id))
+            except CorruptRecordError:
+                if out:  # serve what verified; the next pull starts at the damaged one and raises
+                    return PullResult(b"".join(out), len(out), off, lo, hi)
+                raise
             total += size
             if len(out) >= max_count:
                 return PullResult(b"".join(out), len(out), off + 1, lo, hi)

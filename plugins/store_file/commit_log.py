@@ -116,6 +116,14 @@ class CommitLog:
         self.write_pos = end
         return end
 
+    def unwrite(self, position: int) -> None:
+        """Take back the last write (it started at `position`, nothing was published after it):
+        cut the file there; the next reserve() hands out `position` again. Writer thread only."""
+        cs = self.chunk_size
+        os.ftruncate(self._fd, position % cs)
+        os.lseek(self._fd, position % cs, os.SEEK_SET)
+        self.write_pos = position
+
     def publish(self, end: int) -> None:
         """Everything below end is written and indexed: the flusher may make it durable."""
         self.published_end = end
@@ -128,17 +136,23 @@ class CommitLog:
             fd = self._fd
             sealed, self._sealed = self._sealed, []
             sync_dir, self._sync_dir = self._sync_dir, False
-        for s in sealed:
-            os.fdatasync(s)
-            os.close(s)
-        if fd >= 0:
-            os.fdatasync(fd)
-        if sync_dir:
-            dfd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+        try:
+            while sealed:
+                os.fdatasync(sealed[0])
+                os.close(sealed.pop(0))
+            if fd >= 0:
+                os.fdatasync(fd)
+            if sync_dir:
+                dfd = os.open(self.dir, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+        except BaseException:
+            with self._lock:  # still to do: the next sync tries them again
+                self._sealed[:0] = sealed
+                self._sync_dir = self._sync_dir or sync_dir
+            raise
         return end
 
     def sync_range(self, start: int, end: int) -> None:
@@ -164,6 +178,10 @@ class CommitLog:
         data = self.ring.read(start, end)
         if data is not None:
             return data
+        return self.read_file(start, end)
+
+    def read_file(self, start: int, end: int) -> bytes | None:
+        """Like read(), but from the chunk file (mmap or pread), never the ring."""
         cs = self.chunk_size
         cstart = start - start % cs
         m = self._maps.get(cstart)

@@ -13,6 +13,7 @@ owns it truncates it back in its recovery (see FileQueueIndex.truncate).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -173,10 +174,11 @@ class FileQueueIndex:
                 self._dirs_to_sync.add(q.path)
 
     def truncate(self, topic: str, queue_id: int, offset: int) -> int:
-        """Drop entries at and past offset (recovery: they point past the valid log). Returns how
-        many were dropped."""
+        """Drop entries at and past offset (recovery: they point past the valid log; append: a
+        failed write is taken back, bytes of a partial entry included). Returns how many whole
+        entries were dropped."""
         q = self._queue(topic, queue_id, False)
-        if q is None or offset >= q.end:
+        if q is None or offset > q.end or (offset == q.end and q.fd < 0):
             return 0
         offset = max(offset, q.min_offset)
         dropped = q.end - offset
@@ -191,6 +193,40 @@ class FileQueueIndex:
         q.end = offset
         self._dirs_to_sync.add(q.path)
         return dropped
+
+    def reset(self, topic: str, queue_id: int, first_offset: int) -> None:
+        """Recovery: delete every index file of a queue; its next add() starts at first_offset."""
+        q = self._queue(topic, queue_id, True)
+        assert q is not None
+        self._close_write(q)
+        for first in list(q.files):
+            self._close_read(q, first)
+            try:
+                os.unlink(os.path.join(q.path, file_name(first)))
+            except FileNotFoundError:
+                pass
+        q.files = []
+        q.min_offset = q.end = first_offset
+        self._dirs_to_sync.add(q.path)
+
+    def first_hole(self, topic: str, queue_id: int) -> int | None:
+        """The first offset below the queue's end that has no entry on disk (a missing or short
+        index file before the newest one), or None. Costs a stat per file, no reads."""
+        q = self._queue(topic, queue_id, False)
+        if q is None:
+            return None
+        per = self.entries_per_file
+        for i, first in enumerate(q.files[:-1]):
+            size = os.path.getsize(os.path.join(q.path, file_name(first)))
+            if size < per * INDEX_ENTRY_SIZE:
+                return first + size // INDEX_ENTRY_SIZE
+            if q.files[i + 1] != first + per:
+                return first + per
+        return None
+
+    def ends(self) -> dict[tuple[str, int], int]:
+        """Every queue's end (one past its last entry written); safe from any thread."""
+        return {key: q.end for key, q in list(self._queues.items())}
 
     def set_min(self, topic: str, queue_id: int, offset: int) -> None:
         """Retention: offsets below `offset` are gone; delete the index files wholly below it."""
@@ -295,16 +331,28 @@ class FileQueueIndex:
                     # cleared before the fsync: a write racing with it sets it again afterwards
                     q.dirty = False
                     sealed, q.sealed = q.sealed, []
-                    work.append((q.fd, sealed))
-        for fd, sealed in work:
-            for s in sealed:
-                os.fdatasync(s)
-                os.close(s)
-            if fd >= 0:
-                try:
-                    os.fdatasync(fd)
-                except OSError:  # closed by truncate in the meantime: its data was fsynced there
-                    pass
+                    work.append((q, q.fd, sealed))
+        for i, (_q, fd, sealed) in enumerate(work):
+            try:
+                while sealed:
+                    os.fdatasync(sealed[0])
+                    os.close(sealed.pop(0))
+                if fd >= 0:
+                    try:
+                        os.fdatasync(fd)
+                    except OSError as e:
+                        # EBADF: closed by truncate/reset in the meantime, which fsynced it. Any
+                        # other error (EIO, ENOSPC) must reach the flusher, so no checkpoint
+                        # vouches for these entries.
+                        if e.errno != errno.EBADF:
+                            raise
+            except BaseException:
+                with self._lock:  # what was not made durable is still to do next time
+                    self._dirs_to_sync |= dirs
+                    for q2, _fd, rest in work[i:]:
+                        q2.dirty = True
+                        q2.sealed[:0] = rest
+                raise
         for d in dirs:
             _fsync_dir(d)
 
@@ -328,8 +376,18 @@ class FileQueueIndex:
             fds = q.sealed + ([q.fd] if q.fd >= 0 else [])
             q.sealed, q.fd, q.fd_first = [], -1, -1
         for fd in fds:
-            os.fdatasync(fd)
-            os.close(fd)
+            try:
+                os.fdatasync(fd)
+            except OSError as e:
+                # a descriptor that is gone (EBADF) or cannot be synced (EINVAL) has nothing we
+                # could make durable; any other error (EIO) is the caller's to handle
+                if e.errno not in (errno.EBADF, errno.EINVAL):
+                    raise
+            finally:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def _close_read(self, q: _Queue, first: int) -> None:
         """Retire a read fd; it is closed a while later, so a thread in the middle of a pread on

@@ -20,7 +20,15 @@ from typing import Any
 from equeue_core.contracts import StoreSettings
 from equeue_core.errors import CorruptRecordError, OffsetOutOfRangeError
 from equeue_core.export import broker_address_of, records_to_arrow
-from equeue_core.record import HEADER_SIZE, INDEX_ENTRY, INDEX_ENTRY_SIZE, OFF_POSITION, verify
+from equeue_core.record import (
+    HEADER_SIZE,
+    INDEX_ENTRY,
+    INDEX_ENTRY_SIZE,
+    OFF_POSITION,
+    corrupt_record,
+    damage,
+    verify,
+)
 
 from .commit_log import list_chunks
 from .constants import CHECKPOINT, COMMITLOG_DIR, DEFAULT_CHUNK_SIZE, OFFSETS, file_name
@@ -150,16 +158,19 @@ class FileStoreReader:
             entries = self.index.read(topic, queue_id, offset, min(batch_rows, end - offset))
             if not entries:
                 return
-            pairs, complete = self._records(entries)
+            pairs, complete = self._records(entries, topic, queue_id, offset)
             if pairs:
                 yield records_to_arrow(pairs, self._address)
             if not complete:
                 return
             offset += len(pairs)
 
-    def _records(self, entries: memoryview) -> tuple[list[tuple[bytes, int]], bool]:
-        """(buffer, start) pairs for the entries' records, read in spans of at most _MAX_SPAN
-        bytes; the bool is False if a record failed to verify (the pairs stop before it)."""
+    def _records(self, entries: memoryview, topic: str, queue_id: int,
+                 offset: int) -> tuple[list[tuple[bytes, int]], bool]:
+        """(buffer, start) pairs for the entries' records (queue offsets from `offset`), read in
+        spans of at most _MAX_SPAN bytes; the bool is False if a chunk was deleted meanwhile (the
+        pairs stop before it). A record that does not verify raises CorruptRecordError: below the
+        safe end every record was intact once, so this one was damaged since."""
         cs = self.chunk_size
         items = list(INDEX_ENTRY.iter_unpack(entries))
         pairs: list[tuple[bytes, int]] = []
@@ -180,11 +191,9 @@ class FileStoreReader:
                 return pairs, False
             for p, s, _ in items[i:j]:
                 at = p - first
-                try:
-                    if verify(buf, at, at + s) != s or _U64.unpack_from(buf, at + OFF_POSITION)[0] != p:
-                        return pairs, False
-                except CorruptRecordError:
-                    return pairs, False
+                why = damage(buf, at, s, p)
+                if why is not None:
+                    raise corrupt_record(topic, queue_id, offset + len(pairs), p, why)
                 pairs.append((buf, at))
             i = j
         return pairs, True

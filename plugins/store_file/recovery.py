@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 _HEAD = struct.Struct("<QQI")          # position, queue offset, queue id at OFF_POSITION
 _TAG_AND_TOPIC_LEN = struct.Struct("<QH")  # tag hash at 52, topic_len at 60
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_QUEUE_TAIL = struct.Struct("<IQ")  # queue id, index end: after a queue's topic in the checkpoint
 
 
 @dataclass(slots=True)
@@ -38,26 +41,56 @@ class ScanResult:
 
 def read_checkpoint(path: str) -> int | None:
     """The log end the checkpoint vouches for, or None if missing or damaged."""
+    found = read_checkpoint_queues(path)
+    return None if found is None else found[0]
+
+
+def read_checkpoint_queues(path: str) -> tuple[int, dict[tuple[str, int], int] | None] | None:
+    """(log end, each queue's index end when it was written) from the checkpoint; the queue
+    table is None for a version 1 checkpoint (which has none). None if missing or damaged."""
     from equeue_core.record import crc32c
 
     try:
         with open(path, "rb") as f:
-            data = f.read(CHECKPOINT_SIZE + 1)
+            data = f.read()
     except FileNotFoundError:
         return None
-    if len(data) != CHECKPOINT_SIZE:
+    if len(data) < CHECKPOINT_SIZE:
         return None
-    magic, version, _flags, end, crc = CHECKPOINT_STRUCT.unpack(data)
-    if magic != CHECKPOINT_MAGIC or version != 1 or crc != crc32c(data[:CHECKPOINT_SIZE - 4]):
+    magic, version, _flags, end, _crc = CHECKPOINT_STRUCT.unpack_from(data)
+    if magic != CHECKPOINT_MAGIC:
         return None
-    return end
+    if version == 1:
+        if len(data) != CHECKPOINT_SIZE or _crc != crc32c(data[:CHECKPOINT_SIZE - 4]):
+            return None
+        return end, None
+    if version != 2 or struct.unpack_from("<I", data, len(data) - 4)[0] != crc32c(data[:-4]):
+        return None
+    (count,) = _U32.unpack_from(data, 16)
+    queues: dict[tuple[str, int], int] = {}
+    at = 20
+    try:
+        for _ in range(count):
+            (tlen,) = _U16.unpack_from(data, at)
+            topic = data[at + 2:at + 2 + tlen].decode()
+            qid, qend = _QUEUE_TAIL.unpack_from(data, at + 2 + tlen)
+            queues[(topic, qid)] = qend
+            at += 2 + tlen + _QUEUE_TAIL.size
+    except (struct.error, UnicodeDecodeError):
+        return None
+    return end, queues
 
 
-def pack_checkpoint(end: int) -> bytes:
+def pack_checkpoint(end: int, queues: dict[tuple[str, int], int] | None = None) -> bytes:
+    """A version 2 checkpoint: the log end and every queue's index end (docs/format.md §5)."""
     from equeue_core.record import crc32c
 
-    head = CHECKPOINT_STRUCT.pack(CHECKPOINT_MAGIC, 1, 0, end, 0)[:CHECKPOINT_SIZE - 4]
-    return head + struct.pack("<I", crc32c(head))
+    parts = [struct.pack("<IHHQI", CHECKPOINT_MAGIC, 2, 0, end, len(queues or {}))]
+    for (topic, qid), qend in sorted((queues or {}).items()):
+        t = topic.encode()
+        parts.append(_U16.pack(len(t)) + t + _QUEUE_TAIL.pack(qid, qend))
+    body = b"".join(parts)
+    return body + struct.pack("<I", crc32c(body))
 
 
 def scan_log(log_dir: str, chunks: list[int], chunk_size: int, start: int,
@@ -110,9 +143,40 @@ def scan_log(log_dir: str, chunks: list[int], chunk_size: int, start: int,
     return result
 
 
+def collect_queue_records(log_dir: str, chunks: list[int], chunk_size: int, end: int,
+                          wanted: set[tuple[str, int]]) -> tuple[dict[tuple[str, int], list[tuple[int, bytes]]],
+                                                                 list[str]]:
+    """Index entries (queue offset, packed entry) of every record of the `wanted` queues in the
+    log below `end`, for rebuilding their index. Unlike scan_log it never truncates: a record that
+    does not verify ends the walk of its chunk only (noted), and the next chunk is walked, so a
+    damaged stretch of old data costs the records in it, never the rest of the log."""
+    entries: dict[tuple[str, int], list[tuple[int, bytes]]] = {}
+    notes: list[str] = []
+    from .constants import file_name
+
+    for cstart in list(chunks):
+        if cstart >= end:
+            break
+        path = os.path.join(log_dir, file_name(cstart))
+        with open(path, "rb") as f:
+            size = min(os.fstat(f.fileno()).st_size, end - cstart)
+            data: bytes | mmap.mmap = (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b"")
+        try:
+            off, marker = _scan_chunk(data, 0, cstart, size, ScanResult(end=cstart), entries, wanted)
+        finally:
+            if isinstance(data, mmap.mmap):
+                data.close()
+        if off < size and not marker:
+            notes.append(f"chunk {file_name(cstart)}: unreadable from offset {off}; "
+                         f"its records after that are not indexed")
+    return entries, notes
+
+
 def _scan_chunk(data: bytes | mmap.mmap, off: int, cstart: int, size: int, result: ScanResult,
-                entries: dict[tuple[str, int], list[tuple[int, bytes]]] | None) -> tuple[int, bool]:
-    """Walk one chunk from off; returns (offset after the last valid record, saw end marker)."""
+                entries: dict[tuple[str, int], list[tuple[int, bytes]]] | None,
+                wanted: set[tuple[str, int]] | None = None) -> tuple[int, bool]:
+    """Walk one chunk from off; returns (offset after the last valid record, saw end marker).
+    With `wanted`, only those queues' records are collected into entries."""
     unpack_head = _HEAD.unpack_from
     unpack_tt = _TAG_AND_TOPIC_LEN.unpack_from
     pack_entry = INDEX_ENTRY.pack
@@ -131,10 +195,12 @@ def _scan_chunk(data: bytes | mmap.mmap, off: int, cstart: int, size: int, resul
         if entries is not None:
             tag_hash, tlen = unpack_tt(data, off + 52)
             topic = bytes(data[off + HEADER_SIZE:off + HEADER_SIZE + tlen]).decode("utf-8", "replace")
-            entries.setdefault((topic, qid), []).append((qoff, pack_entry(position, rsize, tag_hash)))
+            if wanted is None or (topic, qid) in wanted:
+                entries.setdefault((topic, qid), []).append((qoff, pack_entry(position, rsize, tag_hash)))
         result.records += 1
         off += rsize
     return off, False
 
 
-__all__ = ["ScanResult", "read_checkpoint", "pack_checkpoint", "scan_log", "OFF_QUEUE_OFFSET"]
+__all__ = ["ScanResult", "read_checkpoint", "read_checkpoint_queues", "pack_checkpoint", "scan_log",
+           "collect_queue_records", "OFF_QUEUE_OFFSET"]

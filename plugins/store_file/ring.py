@@ -55,24 +55,32 @@ class Ring:
     def read(self, start: int, end: int) -> bytes | None:
         """The bytes of log positions [start, end), or None if the ring no longer holds them all.
 
-        Checking the first and last slot is enough: the writer fills positions in increasing
-        order, so before any slot between them could be overwritten by a newer lap, the first
-        slot would have been; the check is repeated after the copy for a writer that lapped us.
+        Every slot the read touches is checked, before and after the copy (a writer that lapped
+        us meanwhile). Checking only the first and last slot is not enough: positions are not
+        contiguous across a chunk roll (the writer skips the rest of a chunk), so a newer lap can
+        land on a middle slot without passing the first one, and the copy would be torn.
         """
         n = end - start
         if n <= 0 or n > self.size - RING_PAGE:
             return None
-        tags = self.tags
-        pages = self.pages
         first = start // RING_PAGE
         last = (end - 1) // RING_PAGE
-        if tags[first % pages] != first or tags[last % pages] != last:
+        if not self._holds(first, last):
             return None
         a = start % self.size
         if a + n <= self.size:
             out = self.mv[a:a + n].tobytes()
         else:
             out = self.mv[a:].tobytes() + self.mv[:n - (self.size - a)].tobytes()
-        if tags[first % pages] != first or tags[last % pages] != last:
+        if not self._holds(first, last):
             return None
         return out
+
+    def _holds(self, first: int, last: int) -> bool:
+        """Every slot for log pages first..last holds exactly that page."""
+        tags = self.tags
+        pages = self.pages
+        for k in range(first, last + 1):
+            if tags[k % pages] != k:
+                return False
+        return True

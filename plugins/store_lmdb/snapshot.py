@@ -103,7 +103,7 @@ class Snapshot:
              tag_hashes: frozenset[int] | None) -> PullResult:
         lo, hi = self.queue_range(topic, queue_id)
         return queries.pull(lambda o, n: self.entries(topic, queue_id, o, n), self.records,
-                            offset, lo, hi, max_count, max_bytes, tag_hashes)
+                            offset, lo, hi, max_count, max_bytes, tag_hashes, topic=topic, queue_id=queue_id)
 
     def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int:
         lo, hi = self.queue_range(topic, queue_id)
@@ -123,5 +123,5 @@ class Snapshot:
             raise queries.out_of_range(offset, lo, hi)
         ents = [INDEX_ENTRY.unpack_from(raw, i * INDEX_ENTRY_SIZE) for i in range(count)]
         recs = self.records([e[0] for e in ents])
-        return [bytes(queries.check_record(r, offset + i, e[1], e[0], lo, hi))
+        return [bytes(queries.check_record(r, offset + i, e[1], e[0], lo, hi, topic=topic, queue_id=queue_id))
                 for i, (e, r) in enumerate(zip(ents, recs, strict=True))]

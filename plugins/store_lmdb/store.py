@@ -78,7 +78,8 @@ class LmdbMessageStore:
                 if hi > lo:
                     pos, size, _ = snap.entry(topic, qid, hi - 1)
                     try:
-                        queries.check_record(snap.records([pos])[0], hi - 1, size, pos, lo, hi)
+                        queries.check_record(snap.records([pos])[0], hi - 1, size, pos, lo, hi,
+                                             topic=topic, queue_id=qid)
                     except CorruptRecordError as e:
                         raise StoreError(f"{topic}/{qid}: newest record is damaged ({e}); the LMDB file "
                                          f"is corrupt, restore it from a copy") from e

@@ -84,7 +84,8 @@ class RocksMessageStore:
             if hi > lo:
                 pos, size, _ = self.view.entry(topic, qid, hi - 1)
                 try:
-                    queries.check_record(self.view.records([pos])[0], hi - 1, size, pos, lo, hi)
+                    queries.check_record(self.view.records([pos])[0], hi - 1, size, pos, lo, hi,
+                                             topic=topic, queue_id=qid)
                 except CorruptRecordError as e:
                     raise StoreError(f"{topic}/{qid}: newest record is damaged ({e}); the RocksDB "
                                      f"files are corrupt, restore them from a copy") from e

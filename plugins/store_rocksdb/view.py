@@ -104,7 +104,7 @@ class View:
              tag_hashes: frozenset[int] | None, bounds: tuple[int, int] | None = None) -> PullResult:
         lo, hi = bounds if bounds is not None else self.queue_range(topic, queue_id)
         return queries.pull(lambda o, n: self.entries(topic, queue_id, o, n), self.records,
-                            offset, lo, hi, max_count, max_bytes, tag_hashes)
+                            offset, lo, hi, max_count, max_bytes, tag_hashes, topic=topic, queue_id=queue_id)
 
     def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int,
                              bounds: tuple[int, int] | None = None) -> int:
@@ -125,5 +125,5 @@ class View:
             raise queries.out_of_range(offset, *self.queue_range(topic, queue_id))
         ents = [INDEX_ENTRY.unpack_from(raw, i * INDEX_ENTRY_SIZE) for i in range(count)]
         recs = self.records([e[0] for e in ents])
-        return [queries.check_record(r, offset + i, e[1], e[0], lo, hi)
+        return [queries.check_record(r, offset + i, e[1], e[0], lo, hi, topic=topic, queue_id=queue_id)
                 for i, (e, r) in enumerate(zip(ents, recs, strict=True))]

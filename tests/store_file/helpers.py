@@ -103,3 +103,21 @@ def shrink_file(file: Path, by: int) -> None:
 def append_bytes(file: Path, data: bytes) -> None:
     with open(file, "ab") as f:
         f.write(data)
+
+
+def fix_crc(file: Path, record_at: int) -> None:
+    """Recompute the crc of the record at byte record_at of a chunk file, so a damaged field is
+    caught by a deeper check (the stamped position, the index's size) rather than the crc."""
+    with open(file, "r+b") as f:
+        f.seek(record_at)
+        size = int.from_bytes(f.read(4), "little")
+        f.seek(record_at)
+        rec = bytearray(f.read(size))
+        rec[record.OFF_CRC:record.OFF_CRC + 4] = record.crc32c(bytes(rec[record.CRC_FROM:])).to_bytes(4, "little")
+        f.seek(record_at)
+        f.write(rec)
+
+
+def chunk_and_offset(path: Path, position: int, chunk_size: int = SMALL_CHUNK) -> tuple[Path, int]:
+    """The chunk file holding a log position, and the position's byte offset in it."""
+    return path / COMMITLOG_DIR / file_name(position - position % chunk_size), position % chunk_size

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from equeue_plugins.store_file.constants import ABORT, CHECKPOINT, END_OF_CHUNK, INDEX_DIR
 from equeue_plugins.store_file.recovery import read_checkpoint
 
 from equeue_core import record
+from equeue_core.contracts import IndexRange
+from equeue_core.errors import CorruptRecordError
 
 from .helpers import (
     SMALL_CHUNK,
@@ -233,7 +236,12 @@ def test_checkpoint_past_the_end_of_its_chunk_scans_the_whole_log(tmp_path) -> N
     store.close()
     os.truncate(chunk_paths(tmp_path)[0], r.positions[8])  # "fsynced" data vanished
     store, report = open_store(tmp_path)
-    assert store.queue_range("t", 0) == (0, 8)
     assert report.records == 8
-    assert append(store, 1).positions[0] == r.positions[8]
+    # offsets 8 and 9 were handed out: they are reported lost and never handed out again
+    assert report.lost == [IndexRange("t", 0, 8, 9)]
+    assert store.queue_range("t", 0) == (0, 10)
+    with pytest.raises(CorruptRecordError, match="lost"):
+        store.read_queue("t", 0, 8, 10, 1 << 20)
+    res = append(store, 1)
+    assert (res.first_queue_offset, res.positions[0]) == (10, r.positions[8])
     store.close()
