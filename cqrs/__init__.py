@@ -1,0 +1,1 @@
+"""CQRS on EQueue (the ENode mailbox design): see docs/cqrs.md."""
