@@ -1,0 +1,357 @@
+"""The command engine: command mailboxes, event mailboxes and the event store, without a broker.
+
+- submit(command) routes it by aggregate id to that aggregate's CommandMailbox. The mailbox runs
+  on one worker at a time, keeps the aggregate in memory, runs the @command_handler and hands the
+  outcome (events, result, maybe a snapshot) to the EventMailbox chosen by the same aggregate id,
+  then goes on to the next command at once: it never waits for persistence.
+- An EventMailbox persists the outcomes it has in one EventStore.append (one write per batch), and
+  only then reports them persisted (the CommandProcessor publishes their events and lets their
+  command offsets commit; in process, the command is done).
+- A conflict at append (another process wrote that aggregate version, or the command id) resets
+  that aggregate's command mailbox: its epoch is bumped so outcomes computed from the stale state
+  are dropped, and on its next turn it moves every handled-but-unpersisted command back to the
+  front of its queue, forgets the aggregate (the next command reloads it from the store, from a
+  snapshot when there is one) and resumes. The rest of the batch is appended again without it.
+- A command id with a stored result is answered from it and never handled again; a command id
+  already in flight here is answered with the first one's result.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from equeue_cqrs.aggregate import Aggregate
+from equeue_cqrs.errors import EventStoreConflictError, NoCommandHandlerError
+from equeue_cqrs.handlers import CommandContext, handler_table
+from equeue_cqrs.mailbox import Mailbox, WorkerPool
+from equeue_cqrs.messages import Command, CommandResult, DomainEvent, decode, decode_result, encode, event_id
+from equeue_cqrs.store import CommandRecord, EventBatch, EventStore, Snapshot, StoredEvent
+
+from equeue_core.errors import EQueueError
+
+log = logging.getLogger("equeue.cqrs")
+Done = Callable[[CommandResult], None]
+
+
+@dataclass(slots=True, eq=False)
+class PendingCommand:
+    command: Command
+    on_done: Done
+    followers: list[Done] = field(default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class Outcome:
+    """A handled command on its way to the event store."""
+
+    pending: PendingCommand
+    mailbox: CommandMailbox
+    epoch: int
+    seq: int
+    aggregate_type: str
+    events: list[tuple[int, DomainEvent]]
+    result: CommandResult
+    snapshot: Snapshot | None
+    stored: list[StoredEvent] = field(default_factory=list)
+
+    @property
+    def command_id(self) -> str:
+        return self.pending.command.command_id
+
+
+class CommandMailbox(Mailbox):
+    """One aggregate's commands, handled in order, one at a time, the aggregate kept in memory."""
+
+    def __init__(self, engine: CommandEngine, aggregate_id: str) -> None:
+        super().__init__(engine.pool, engine.command_batch)
+        self.engine = engine
+        self.aggregate_id = aggregate_id
+        self.aggregate: Aggregate | None = None
+        self.epoch = 0
+        self.reset_requested = False
+        self.inflight: dict[int, Outcome] = {}  # handled, not yet persisted, in handling order
+        self._seq = 0
+
+    def __repr__(self) -> str:
+        return f"CommandMailbox({self.aggregate_id!r})"
+
+    # -- conflict reset --------------------------------------------------------------------------
+
+    def request_reset(self) -> None:
+        """Called by the event mailbox on a conflict: pause; the reset runs on this mailbox's turn."""
+        with self.lock:
+            self.epoch += 1
+            self.reset_requested = True
+            self.paused = True
+            self._schedule_locked(force=True)
+
+    def wants_run(self) -> bool:
+        return self.reset_requested
+
+    def before_run(self) -> None:
+        if not self.reset_requested:
+            return
+        with self.lock:
+            back = [o.pending for o in self.inflight.values()]
+            self.inflight.clear()
+            self.items.extendleft(reversed(back))
+            self.aggregate = None
+            self.reset_requested = False
+            self.paused = False
+        self.engine.stats["resets"] += 1
+        log.info("aggregate %s changed elsewhere: reloading it and handling %d command(s) again",
+                 self.aggregate_id, len(back))
+
+    # -- handling --------------------------------------------------------------------------------
+
+    def process(self, items: list[PendingCommand]) -> None:
+        engine = self.engine
+        stored = engine.store.command_results([p.command.command_id for p in items])
+        for i, p in enumerate(items):
+            if self.reset_requested:  # a conflict arrived mid-run: the rest waits for the reset
+                with self.lock:
+                    self.items.extendleft(reversed(items[i:]))
+                return
+            record = stored.get(p.command.command_id)
+            if record is not None:
+                engine.answer_duplicate(p, record)
+                continue
+            outcome = self._handle(p)
+            with self.lock:
+                self.inflight[outcome.seq] = outcome
+            engine.route(outcome)
+
+    def _handle(self, p: PendingCommand) -> Outcome:
+        engine = self.engine
+        command = p.command
+        epoch = self.epoch
+        ctx = CommandContext(command, self._load, self._exists)
+        try:
+            engine.handlers[type(command)](ctx, command)
+            failure = None
+        except Exception as e:
+            failure = f"{type(e).__name__}: {e}"
+        agg = ctx.aggregate
+        if failure is not None:
+            if agg is not None and agg.has_uncommitted():
+                agg.take_uncommitted()
+                if agg is self.aggregate:
+                    self._rebuild()
+            return self._outcome(p, epoch, "", [], CommandResult(
+                command.command_id, command.aggregate_id, CommandResult.FAILED, failure,
+                self.aggregate.version if self.aggregate else 0), None)
+        if agg is None:
+            return self._outcome(p, epoch, "", [], CommandResult(
+                command.command_id, command.aggregate_id, CommandResult.OK, "", 0), None)
+        self.aggregate = agg
+        events = agg.take_uncommitted()
+        snapshot = None
+        every = engine.snapshot_every
+        if events and every and events[-1][0] // every > (events[0][0] - 1) // every:
+            snapshot = Snapshot(agg.id, agg.version, agg.snapshot_state())
+        return self._outcome(p, epoch, type(agg).__name__, events, CommandResult(
+            command.command_id, command.aggregate_id, CommandResult.OK, "", agg.version), snapshot)
+
+    def _outcome(self, p: PendingCommand, epoch: int, aggregate_type: str, events: list,
+                 result: CommandResult, snapshot: Snapshot | None) -> Outcome:
+        self._seq += 1
+        return Outcome(p, self, epoch, self._seq, aggregate_type, events, result, snapshot)
+
+    def _load(self, aggregate_type: type, aggregate_id: str) -> Aggregate | None:
+        if self.aggregate is None:
+            self.aggregate = self.engine.load(aggregate_type, aggregate_id)
+        return self.aggregate
+
+    def _exists(self, aggregate_id: str) -> bool:
+        store = self.engine.store
+        return (self.aggregate is not None or bool(store.read_events(aggregate_id, 1, 1))
+                or store.load_snapshot(aggregate_id) is not None)
+
+    def _rebuild(self) -> None:
+        """After a handler failed half-way: the stored state plus the events still in flight.
+        In-flight events are taken first and filtered by version, so an outcome persisted between
+        the two reads is applied once."""
+        assert self.aggregate is not None
+        with self.lock:
+            pending = [o for o in self.inflight.values() if o.epoch == self.epoch]
+        agg = self.engine.load(type(self.aggregate), self.aggregate_id)
+        if agg is None:
+            agg = type(self.aggregate).empty(self.aggregate_id)
+        for o in pending:
+            for version, event in o.events:
+                if version > agg.version:
+                    agg.apply(event)
+                    agg.version = version
+        self.aggregate = agg if agg.version else None
+
+
+class EventMailbox(Mailbox):
+    """Persists outcomes in batches: one EventStore.append per run, then reports them persisted."""
+
+    def __init__(self, engine: CommandEngine, index: int) -> None:
+        super().__init__(engine.pool, engine.event_batch)
+        self.engine = engine
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"EventMailbox({self.index})"
+
+    def process(self, items: list[Outcome]) -> None:
+        engine = self.engine
+        live = [o for o in items if o.epoch == o.mailbox.epoch]
+        backoff = 0.05
+        while live:
+            try:
+                engine.store.append(self._batch(live))
+                break
+            except EventStoreConflictError as e:
+                engine.stats["conflicts"] += 1
+                mailbox = engine.mailboxes.get(e.aggregate_id)
+                if mailbox is None:  # cannot happen: only our outcomes are in the batch
+                    raise
+                mailbox.request_reset()
+                live = [o for o in live if o.mailbox is not mailbox]
+            except EQueueError as e:
+                if engine.closed:
+                    return  # not persisted: the commands stay unacknowledged and come back
+                log.warning("event store append failed (%s); retrying in %.2fs", e, backoff)
+                time.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+        if live:
+            engine.persisted(live)
+
+    @staticmethod
+    def _batch(outcomes: list[Outcome]) -> EventBatch:
+        now = time.time_ns() // 1_000_000
+        batch = EventBatch()
+        events, commands, snapshots = batch.events, batch.commands, batch.snapshots
+        for o in outcomes:
+            agg_id = o.mailbox.aggregate_id
+            cid = o.command_id
+            o.stored = [StoredEvent(agg_id, v, cid, event_id(agg_id, v), type(e).__name__, encode(e), now)
+                        for v, e in o.events]
+            events.extend(o.stored)
+            first, last = (o.events[0][0], o.events[-1][0]) if o.events else (0, 0)
+            commands.append(CommandRecord(cid, agg_id, first, last, encode(o.result)))
+            if o.snapshot is not None:
+                snapshots.append(o.snapshot)
+        return batch
+
+
+class CommandEngine:
+    """Mailboxes plus an event store. `on_persisted(outcomes, complete)` (the processor's publish
+    step) is called after each successful append and must call `complete(outcomes)` when done;
+    `on_duplicate(pending, record, result, complete)` likewise for a command answered from the
+    store. Without them, persisted means done."""
+
+    def __init__(self, store: EventStore, handlers: Iterable[ModuleType | Callable[..., Any]], *,
+                 workers: int = 4, event_mailboxes: int = 4, command_batch: int = 64,
+                 event_batch: int = 1000, snapshot_every: int = 100,
+                 on_persisted: Callable[[list[Outcome], Callable[[list[Outcome]], None]], None] | None = None,
+                 on_duplicate: Callable[..., None] | None = None) -> None:
+        self.store = store
+        self.handlers = handler_table(handlers)
+        self.command_batch = command_batch
+        self.event_batch = event_batch
+        self.snapshot_every = snapshot_every
+        self.on_persisted = on_persisted
+        self.on_duplicate = on_duplicate
+        self.pool = WorkerPool(workers)
+        self.event_mailboxes = [EventMailbox(self, i) for i in range(event_mailboxes)]
+        self.mailboxes: dict[str, CommandMailbox] = {}
+        self._lock = threading.Lock()
+        self._inflight: dict[str, PendingCommand] = {}
+        self._idle = threading.Condition(self._lock)
+        self.closed = False
+        self.stats = {"handled": 0, "duplicates": 0, "conflicts": 0, "resets": 0}
+
+    def submit(self, command: Command, on_done: Done) -> None:
+        """Queue a command; on_done(result) runs (on a worker thread) once its events are
+        persisted and published, or at once for a duplicate / unknown command."""
+        cid = command.command_id
+        with self._lock:
+            first = self._inflight.get(cid)
+            if first is not None:
+                first.followers.append(on_done)
+                return
+            p = self._inflight[cid] = PendingCommand(command, on_done)
+            mailbox = self.mailboxes.get(command.aggregate_id)
+            if mailbox is None:
+                mailbox = self.mailboxes[command.aggregate_id] = CommandMailbox(self, command.aggregate_id)
+        if type(command) not in self.handlers:
+            self.complete_one(p, CommandResult(cid, command.aggregate_id, CommandResult.FAILED, str(
+                NoCommandHandlerError(f"no @command_handler for {type(command).__name__}"))))
+            return
+        mailbox.post(p)
+
+    def route(self, outcome: Outcome) -> None:
+        self.event_mailboxes[hash(outcome.mailbox.aggregate_id) % len(self.event_mailboxes)].post(outcome)
+
+    def load(self, aggregate_type: type, aggregate_id: str) -> Aggregate | None:
+        """The aggregate rebuilt from the store: its snapshot if any, then the events after it."""
+        snapshot = self.store.load_snapshot(aggregate_id)
+        agg = aggregate_type.empty(aggregate_id)
+        if snapshot is not None:
+            agg.restore_state(snapshot.state)
+            agg.version = snapshot.version
+        for e in self.store.read_events(aggregate_id, agg.version + 1):
+            agg.apply(decode(e.type, e.payload))
+            agg.version = e.version
+        return agg if agg.version else None
+
+    def persisted(self, outcomes: list[Outcome]) -> None:
+        for o in outcomes:
+            with o.mailbox.lock:
+                o.mailbox.inflight.pop(o.seq, None)
+        self.stats["handled"] += len(outcomes)
+        if self.on_persisted is None:
+            self.complete(outcomes)
+        else:
+            self.on_persisted(outcomes, self.complete)
+
+    def answer_duplicate(self, p: PendingCommand, record: CommandRecord) -> None:
+        self.stats["duplicates"] += 1
+        result = decode_result(record.result)
+        if self.on_duplicate is None:
+            self.complete_one(p, result)
+        else:
+            self.on_duplicate(p, record, result, self.complete_one)
+
+    def complete(self, outcomes: list[Outcome]) -> None:
+        for o in outcomes:
+            self.complete_one(o.pending, o.result)
+
+    def complete_one(self, p: PendingCommand, result: CommandResult) -> None:
+        with self._lock:
+            self._inflight.pop(p.command.command_id, None)
+            if not self._inflight:
+                self._idle.notify_all()
+        for done in (p.on_done, *p.followers):
+            try:
+                done(result)
+            except Exception:
+                log.exception("command completion callback failed")
+
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until every submitted command is done; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._inflight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+        self.pool.close()

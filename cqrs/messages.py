@@ -1,0 +1,129 @@
+"""Commands, domain events and results, and how they travel: msgspec structs encoded as msgpack.
+
+Every subclass of Command or DomainEvent is registered by its class name (its `type name`), which
+is what the wire and the event store carry; a name must be unique within a process. A command
+names the aggregate it targets (`aggregate_id`, also the routing key) and has an id that makes it
+idempotent: a command id the event store has seen is answered from the stored result.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, ClassVar
+
+import msgspec
+from equeue_cqrs.errors import UnknownTypeError
+
+from equeue_core.errors import ConfigError
+
+_encoder = msgspec.msgpack.Encoder()
+encode = _encoder.encode
+_types: dict[str, type] = {}
+_decoders: dict[str, msgspec.msgpack.Decoder] = {}
+
+
+def _register(cls: type) -> None:
+    name = cls.__name__
+    old = _types.get(name)
+    if old is not None and old is not cls and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ConfigError(f"two message types are called {name!r}: {old.__module__} and {cls.__module__}")
+    _types[name] = cls
+    _decoders.pop(name, None)  # built on first decode: the class is not complete here yet
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Command(msgspec.Struct, kw_only=True):
+    """Base of commands: `class Deposit(Command): amount: int`, sent as
+    `Deposit(aggregate_id="acct-1", amount=5)`; command_id defaults to a fresh uuid."""
+
+    aggregate_id: str
+    command_id: str = msgspec.field(default_factory=new_id)
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        _register(cls)
+
+
+class DomainEvent(msgspec.Struct, kw_only=True):
+    """Base of domain events: `class Deposited(DomainEvent): amount: int`. An aggregate raises
+    them; their place (aggregate id, version, event id) is kept beside them, not inside."""
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        _register(cls)
+
+
+def type_name(obj: Any) -> str:
+    return type(obj).__name__
+
+
+def decode(name: str, payload: bytes | memoryview) -> Any:
+    """The registered type called `name` decoded from msgpack."""
+    decoder = _decoders.get(name)
+    if decoder is None:
+        cls = _types.get(name)
+        if cls is None:
+            raise UnknownTypeError(f"no command or event type called {name!r} is defined in this process")
+        decoder = _decoders[name] = msgspec.msgpack.Decoder(cls)
+    return decoder.decode(payload)
+
+
+class CommandResult(msgspec.Struct, array_like=True):
+    """What a command came to: status "ok" (its events are persisted; version is the aggregate's
+    version after them) or "failed" (message says why; nothing was persisted but the result)."""
+
+    OK: ClassVar[str] = "ok"
+    FAILED: ClassVar[str] = "failed"
+
+    command_id: str
+    aggregate_id: str
+    status: str
+    message: str = ""
+    version: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == CommandResult.OK
+
+
+_result_decoder = msgspec.msgpack.Decoder(CommandResult)
+decode_result = _result_decoder.decode
+
+
+class WireEvent(msgspec.Struct, array_like=True):
+    event_id: str
+    version: int
+    type: str
+    payload: bytes
+    timestamp_ms: int
+
+
+class EventStream(msgspec.Struct, array_like=True):
+    """The events one command raised on one aggregate: the body of a message on the events topic."""
+
+    aggregate_id: str
+    aggregate_type: str
+    command_id: str
+    events: list[WireEvent]
+
+
+decode_stream = msgspec.msgpack.Decoder(EventStream).decode
+
+
+class EventMeta(msgspec.Struct, frozen=True):
+    """Where a published event stands: projections are idempotent by event_id."""
+
+    aggregate_id: str
+    aggregate_type: str
+    version: int
+    event_id: str
+    command_id: str
+    timestamp_ms: int
+
+
+def event_id(aggregate_id: str, version: int) -> str:
+    """Event ids are (aggregate id, version), which the event store keeps unique."""
+    return f"{aggregate_id}@{version}"
