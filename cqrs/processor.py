@@ -196,6 +196,13 @@ class CommandProcessor:
             self.producer.close()
 
 
+    def __enter__(self) -> CommandProcessor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def _resolve(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
