@@ -172,7 +172,7 @@ def run_broker(store_name: str, count: int, aggregates: int, sync: bool, process
                 f.result(120)  # and every processor holds its aggregates in memory
         if profile:
             spy = subprocess.Popen(["py-spy", "record", "--pid", str(procs[0].pid), "--threads", "--format",
-                                    "raw", "-o", str(ROOT / "bench-cqrs-profile.txt"), "--rate", "200"],
+                                    "raw", "-o", str(ROOT / "bench-cqrs-profile.txt"), "--rate", "200", "--gil"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
         go_at = time.time() + 2.0
