@@ -120,20 +120,20 @@ def run_inprocess(store_name: str, count: int, aggregates: int, sync: bool, work
 
 # ---------------------------------------------------------------- through the broker
 
-def role_processor(address: str, store_name: str, path: str, sync: bool) -> None:
+def role_processor(address: str, store_name: str, path: str, sync: bool, workers: int) -> None:
     """Run a processor until SIGTERM; print its stats."""
     from equeue_cqrs import CommandProcessor
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     store = open_event_store(store_name, path, store_options(sync))
-    processor = CommandProcessor(address, store, HANDLERS).start()
+    processor = CommandProcessor(address, store, HANDLERS, workers=workers).start()
     print("ready", flush=True)
     while not stop:
         time.sleep(0.05)
     processor.close()
     store.close()
-    emit(processor.stats)
+    emit({**processor.stats, "cpu_s": time.process_time()})
 
 
 def role_sender(address: str, count: int, aggregates: int, first: int, go_at: float) -> None:
@@ -147,11 +147,12 @@ def role_sender(address: str, count: int, aggregates: int, first: int, go_at: fl
         futures = [bus.submit(c) for c in commands]
         results = [f.result(600) for f in futures]
         elapsed = time.perf_counter() - start
-    emit({"sent": count, "ok": sum(r.ok for r in results), "seconds": elapsed, "end": time.time()})
+    emit({"sent": count, "ok": sum(r.ok for r in results), "seconds": elapsed, "end": time.time(),
+          "cpu_s": time.process_time()})
 
 
 def run_broker(store_name: str, count: int, aggregates: int, sync: bool, processors: int, senders: int,
-               profile: bool) -> dict:
+               workers: int, profile: bool) -> dict:
     from equeue_cqrs import CommandBus
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-cqrs-"))
@@ -161,7 +162,7 @@ def run_broker(store_name: str, count: int, aggregates: int, sync: bool, process
     try:
         for _ in range(processors):
             p = subprocess.Popen([sys.executable, "-m", "bench.bench_cqrs", "--role", "processor", broker.address,
-                                  store_name, str(tmp / "events"), str(int(sync))], cwd=ROOT,
+                                  store_name, str(tmp / "events"), str(int(sync)), str(workers)], cwd=ROOT,
                                  stdout=subprocess.PIPE, text=True)
             procs.append(p)
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
@@ -181,6 +182,8 @@ def run_broker(store_name: str, count: int, aggregates: int, sync: bool, process
                                   str(per), str(aggregates), str(i * 7), str(go_at)], cwd=ROOT,
                                  stdout=subprocess.PIPE, text=True) for i in range(senders)]
         outs = [json.loads(r.communicate(timeout=900)[0].strip().splitlines()[-1]) for r in runs]
+        assert broker.proc is not None
+        broker_cpu = _cpu_seconds(broker.proc.pid)
         elapsed = max(o["end"] for o in outs) - go_at
         ok = sum(o["ok"] for o in outs)
     finally:
@@ -195,9 +198,21 @@ def run_broker(store_name: str, count: int, aggregates: int, sync: bool, process
         broker.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     return {"bench": "cqrs", "mode": "broker", "store": store_name, "sync": sync, "processors": processors,
+            "workers": workers,
             "senders": senders, "commands": per * senders, "ok": ok, "aggregates": aggregates,
             "seconds": round(elapsed, 3), "commands_per_s": round(per * senders / elapsed),
-            "conflicts": sum(s.get("conflicts", 0) for s in stats)}
+            "conflicts": sum(s.get("conflicts", 0) for s in stats),
+            # CPU per command by process kind (whole run, set-up included): what the commands cost
+            # independently of how many other jobs share the machine's cores
+            "cpu_us_per_command": {"processors": round(sum(s.get("cpu_s", 0) for s in stats) / count * 1e6),
+                                   "senders": round(sum(o["cpu_s"] for o in outs) / count * 1e6),
+                                   "broker": round(broker_cpu / count * 1e6)}}
+
+
+def _cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:
@@ -216,7 +231,7 @@ def main() -> int:
     if args.role:
         role, *rest = args.role
         if role == "processor":
-            role_processor(rest[0], rest[1], rest[2], rest[3] == "1")
+            role_processor(rest[0], rest[1], rest[2], rest[3] == "1", int(rest[4]))
         else:
             role_sender(rest[0], int(rest[1]), int(rest[2]), int(rest[3]), float(rest[4]))
         return 0
@@ -231,7 +246,7 @@ def main() -> int:
                 if n > 1 and name == "rocksdb":
                     continue  # one process owns a RocksDB directory
                 emit(run_broker(name, args.count or 40_000, args.aggregates, sync, n, args.senders,
-                                args.profile))
+                                args.workers, args.profile))
     return 0
 
 

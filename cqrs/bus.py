@@ -3,7 +3,8 @@
 How a result gets back: each bus owns a reply topic (`<commands topic>-reply-<random id>`, one
 queue, created at start and deleted at close) and consumes it with a group of the same name. A
 command goes out with a `reply_to` property naming that topic; the processor sends the command's
-CommandResult there once the command's events are persisted and published. `submit` returns a
+CommandResult there once the command's events are persisted and published (the results of one
+consumed batch of commands travel together, as one message holding a list). `submit` returns a
 future of that result, `send` waits for it, `send_async` only waits for nothing (fire and forget:
 no reply is asked for). A bus that dies loses only its replies: the commands are handled anyway.
 """
@@ -16,7 +17,7 @@ import uuid
 from typing import Any
 
 from equeue_cqrs.errors import CommandFailedError, CommandTimeoutError
-from equeue_cqrs.messages import Command, CommandResult, decode_result, encode, type_name
+from equeue_cqrs.messages import Command, CommandResult, decode_results, encode, type_name
 from equeue_cqrs.processor import REPLY_TO
 from equeue_cqrs.topics import ensure_topics
 
@@ -81,11 +82,11 @@ class CommandBus:
 
     def _on_replies(self, msgs: list[ReceivedMessage]) -> None:
         for m in msgs:
-            result = decode_result(m.body)
-            with self._lock:
-                future = self._waiting.pop(result.command_id, None)
-            if future is not None and not future.done():
-                future.set_result(result)
+            for result in decode_results(m.body):
+                with self._lock:
+                    future = self._waiting.pop(result.command_id, None)
+                if future is not None and not future.done():
+                    future.set_result(result)
 
     def flush(self) -> None:
         self.producer.flush()

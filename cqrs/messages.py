@@ -106,8 +106,8 @@ class CommandResult(msgspec.Struct, array_like=True):
         return self.status == CommandResult.OK
 
 
-_result_decoder = msgspec.msgpack.Decoder(CommandResult)
-decode_result = _result_decoder.decode
+decode_result = msgspec.msgpack.Decoder(CommandResult).decode
+decode_results = msgspec.msgpack.Decoder(list[CommandResult]).decode
 
 
 class WireEvent(msgspec.Struct, array_like=True):
@@ -119,7 +119,8 @@ class WireEvent(msgspec.Struct, array_like=True):
 
 
 class EventStream(msgspec.Struct, array_like=True):
-    """The events one command raised on one aggregate: the body of a message on the events topic."""
+    """The events one command raised on one aggregate. A message on the events topic holds a
+    msgpack list of them (all of aggregates that hash to that message's queue)."""
 
     aggregate_id: str
     aggregate_type: str
@@ -127,7 +128,7 @@ class EventStream(msgspec.Struct, array_like=True):
     events: list[WireEvent]
 
 
-decode_stream = msgspec.msgpack.Decoder(EventStream).decode
+decode_streams = msgspec.msgpack.Decoder(list[EventStream]).decode
 
 
 class EventMeta(msgspec.Struct, frozen=True):

@@ -16,9 +16,12 @@ routes by aggregate id through the hash selector). Several processors in one gro
 queues through the group's allocation; while a queue moves between them both may briefly handle
 an aggregate, which the event store's version check turns into a conflict and a reset.
 
-Publication: one message per handled command with events, body an EventStream, tag the aggregate
-type, key and routing key the aggregate id (so one aggregate's events stay in one queue, in
-order). A duplicate command re-publishes its stored events (the first run may have died between
+Publication: the event streams of one persisted batch (one EventStream per handled command with
+events) are grouped by the events-topic queue their aggregate id hashes to (the producer's `hash`
+selector, so one aggregate's events always land in one queue, in order) and each group goes out
+as one message whose body is a msgpack list of EventStreams and whose routing key is one of its
+aggregate ids. One message per queue per batch instead of one per command is what keeps the
+client and broker cost per command small. A duplicate command re-publishes its stored events (the first run may have died between
 persisting and publishing): projections must be idempotent by event id, and are.
 """
 
@@ -40,10 +43,13 @@ from equeue_cqrs.topics import ensure_topics
 
 from equeue_core.client import Consumer, Message, Producer, ReceivedMessage
 from equeue_core.errors import EQueueError
+from equeue_core.plugins import get_plugin_manager
 
 log = logging.getLogger("equeue.cqrs")
 REPLY_TO = "reply_to"
 RESULT_TAG = "result"
+EVENTS_TAG = "events"
+MAX_STREAMS_PER_MESSAGE = 2000
 
 
 class CommandProcessor:
@@ -72,10 +78,13 @@ class CommandProcessor:
         self.producer = Producer(broker)
         self.consumer = Consumer(group, broker, **options)
         self._waiters = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="cqrs-publish")
+        self._hash = get_plugin_manager().queue_selector("hash")()
+        self._event_queues: list[int] = [0]
         self._closed = False
 
     def start(self) -> CommandProcessor:
-        ensure_topics(self.broker, {self.commands_topic: None, self.events_topic: None})
+        counts = ensure_topics(self.broker, {self.commands_topic: None, self.events_topic: None})
+        self._event_queues = list(range(counts[self.events_topic]))
         self.producer.start()
         self.consumer.subscribe(self.commands_topic).start(self._on_commands)
         return self
@@ -87,16 +96,23 @@ class CommandProcessor:
     # -- the consumer's handler (runs on the client loop) -----------------------------------------
 
     async def _on_commands(self, msgs: list[ReceivedMessage]) -> None:
+        """Submit a pulled batch and return once all of it is done. The results for each reply
+        topic go back as one message per batch (a list of CommandResults), not one per command."""
         loop = asyncio.get_running_loop()
         finished = loop.create_future()
         left = [len(msgs)]
+        replies: dict[str, list[CommandResult]] = {}
         lock = threading.Lock()
 
-        def one_done() -> None:
+        def done(reply_to: str | None, result: CommandResult | None) -> None:
             with lock:
+                if reply_to and result is not None:
+                    replies.setdefault(reply_to, []).append(result)
                 left[0] -= 1
                 last = left[0] == 0
             if last:
+                if replies:  # off this thread: it may be the client loop, where sends must not block
+                    self._waiters.submit(self._send_replies, replies)
                 loop.call_soon_threadsafe(_resolve, finished)
 
         for m in msgs:
@@ -105,61 +121,62 @@ class CommandProcessor:
             except (EQueueError, ValueError) as e:  # undecodable: retrying cannot help, so consume it
                 log.warning("dropping command %s on %s/%d@%d: %s", m.msg_id, m.topic, m.queue_id,
                             m.queue_offset, e)
-                one_done()
+                done(None, None)
                 continue
-            self.engine.submit(command, self._on_done(m.properties.get(REPLY_TO), one_done))
+            reply_to = m.properties.get(REPLY_TO)
+            self.engine.submit(command, lambda result, reply_to=reply_to: done(reply_to, result))
         await finished
 
-    def _on_done(self, reply_to: str | None, one_done: Callable[[], None]) -> Callable[[CommandResult], None]:
-        if not reply_to:
-            return lambda _result: one_done()
-
-        def reply(result: CommandResult) -> None:
+    def _send_replies(self, replies: dict[str, list[CommandResult]]) -> None:
+        for reply_to, results in replies.items():
             try:
-                self.producer.send_async(Message(reply_to, encode(result), tag=RESULT_TAG,
-                                                 keys=(result.command_id,)))
-            except EQueueError as e:  # the sender times out; the command itself is done
-                log.warning("reply for %s to %s not sent: %s", result.command_id, reply_to, e)
-            one_done()
-
-        return reply
+                self.producer.send_async(Message(reply_to, encode(results), tag=RESULT_TAG))
+            except EQueueError as e:  # the sender times out; the commands themselves are done
+                log.warning("%d results for %s not sent: %s", len(results), reply_to, e)
 
     # -- publishing (engine callbacks, on worker threads) -----------------------------------------
 
     def _publish(self, outcomes: list[Outcome], complete: Callable[[list[Outcome]], None]) -> None:
-        messages = []
-        for o in outcomes:
-            if o.stored:
-                stream = EventStream(o.mailbox.aggregate_id, o.aggregate_type, o.command_id,
-                                     [WireEvent(e.event_id, e.version, e.type, e.payload, e.timestamp_ms)
-                                      for e in o.stored])
-                messages.append(Message(self.events_topic, encode(stream), tag=o.aggregate_type,
-                                        keys=(o.mailbox.aggregate_id,)))
-        self._send_then(messages, lambda: complete(outcomes))
+        streams = [EventStream(o.mailbox.aggregate_id, o.aggregate_type, o.command_id,
+                               [WireEvent(e.event_id, e.version, e.type, e.payload, e.timestamp_ms) for e in o.stored])
+                   for o in outcomes if o.stored]
+        self._send_then(self._event_messages(streams), lambda: complete(outcomes))
 
     def _republish(self, p: PendingCommand, record: CommandRecord, result: CommandResult,
                    complete_one: Callable[[PendingCommand, CommandResult], None]) -> None:
-        messages = []
+        streams = []
         if record.last_version:
             events = self.store.read_events(record.aggregate_id, record.first_version, record.last_version)
-            stream = EventStream(record.aggregate_id, result.aggregate_type, record.command_id,
-                                 [WireEvent(e.event_id, e.version, e.type, e.payload, e.timestamp_ms)
-                                  for e in events])
-            messages.append(Message(self.events_topic, encode(stream), tag=result.aggregate_type,
-                                    keys=(record.aggregate_id,)))
-        self._send_then(messages, lambda: complete_one(p, result))
+            streams.append(EventStream(record.aggregate_id, result.aggregate_type, record.command_id,
+                                       [WireEvent(e.event_id, e.version, e.type, e.payload, e.timestamp_ms)
+                                        for e in events]))
+        self._send_then(self._event_messages(streams), lambda: complete_one(p, result))
 
-    def _send_then(self, messages: list[Message], then: Callable[[], None]) -> None:
+    def _event_messages(self, streams: list[EventStream]) -> list[tuple[Message, str]]:
+        """(message, routing key) per events-topic queue: the streams whose aggregates hash there."""
+        groups: dict[int, list[EventStream]] = {}
+        select, queues = self._hash.select, self._event_queues
+        for stream in streams:
+            groups.setdefault(select(queues, stream.aggregate_id), []).append(stream)
+        out = []
+        for group in groups.values():
+            for i in range(0, len(group), MAX_STREAMS_PER_MESSAGE):
+                part = group[i:i + MAX_STREAMS_PER_MESSAGE]
+                out.append((Message(self.events_topic, encode(part), tag=EVENTS_TAG), part[0].aggregate_id))
+        return out
+
+    def _send_then(self, messages: list[tuple[Message, str]], then: Callable[[], None]) -> None:
         """Send the event messages, then (on a publisher thread, once the broker has them all) run
         `then`. A failed send is retried until it succeeds or the processor closes; after close the
         commands stay unacknowledged and come back to whoever owns their queue next."""
         if not messages:
             then()
             return
-        futures = [self.producer.send_async(m, routing_key=m.keys[0]) for m in messages]
+        futures = [self.producer.send_async(m, routing_key=key) for m, key in messages]
         self._waiters.submit(self._await_sent, messages, futures, then)
 
-    def _await_sent(self, messages: list[Message], futures: list[Any], then: Callable[[], None]) -> None:
+    def _await_sent(self, messages: list[tuple[Message, str]], futures: list[Any],
+                    then: Callable[[], None]) -> None:
         backoff = 0.1
         while True:
             failed = []
@@ -179,7 +196,7 @@ class CommandProcessor:
             time.sleep(backoff)
             backoff = min(2.0, backoff * 2)
             messages = failed
-            futures = [self.producer.send_async(m, routing_key=m.keys[0]) for m in failed]
+            futures = [self.producer.send_async(m, routing_key=key) for m, key in failed]
 
     # -- shutdown -----------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from equeue_cqrs.aggregate import handlers_of
-from equeue_cqrs.messages import DomainEvent, EventMeta, decode, decode_stream
+from equeue_cqrs.messages import DomainEvent, EventMeta, decode, decode_streams
 from equeue_cqrs.topics import ensure_topics
 
 from equeue_core.client import Consumer, ReceivedMessage
@@ -24,11 +24,11 @@ def decode_events(msgs: list[ReceivedMessage]) -> list[tuple[DomainEvent, EventM
     """The (event, meta) pairs of a batch of events-topic messages, in order."""
     out = []
     for m in msgs:
-        stream = decode_stream(m.body)
-        for e in stream.events:
-            out.append((decode(e.type, e.payload), EventMeta(stream.aggregate_id, stream.aggregate_type,
-                                                             e.version, e.event_id, stream.command_id,
-                                                             e.timestamp_ms)))
+        for stream in decode_streams(m.body):
+            for e in stream.events:
+                out.append((decode(e.type, e.payload), EventMeta(stream.aggregate_id, stream.aggregate_type,
+                                                                 e.version, e.event_id, stream.command_id,
+                                                                 e.timestamp_ms)))
     return out
 
 
