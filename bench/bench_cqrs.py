@@ -3,7 +3,8 @@
     .venv/bin/python -m bench.bench_cqrs                       # everything, default sizes
     .venv/bin/python -m bench.bench_cqrs --only inprocess --count 200000
     .venv/bin/python -m bench.bench_cqrs --only broker --processors 2 --store lmdb
-    .venv/bin/python -m bench.bench_cqrs --only broker --profile   # py-spy of one processor
+    .venv/bin/python -m bench.bench_cqrs --only broker --profile   # py-spy (pip install py-spy) of a
+                                                                   # processor, GIL holder only, to $TMPDIR
 
 - inprocess: CommandEngine + event store, no broker: commands submitted from the benchmark's
   thread, timed until every command's events are persisted (mailboxes + event store alone).
@@ -77,6 +78,7 @@ def increment(ctx: CommandContext, command: Increment) -> None:
 
 
 HANDLERS = [open_counter, increment]
+PROFILE_PATH = os.path.join(tempfile.gettempdir(), "bench-cqrs-profile.txt")
 
 
 def emit(result: dict) -> None:
@@ -103,11 +105,11 @@ def run_inprocess(store_name: str, count: int, aggregates: int, sync: bool, work
             engine.submit(OpenCounter(aggregate_id=f"c{a}"), ignore)
         engine.wait_idle(60)
         commands = [Increment(aggregate_id=f"c{i % aggregates}", by=1) for i in range(count)]
-        start = time.perf_counter()
-        for c in commands:
-            engine.submit(c, ignore)
+        start, cpu = time.perf_counter(), time.process_time()
+        for i in range(0, count, 64):  # as the processor does: a pulled batch at a time
+            engine.submit_many([(c, ignore) for c in commands[i:i + 64]])
         ok = engine.wait_idle(600)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         total = sum(engine.load(Counter, f"c{a}").value for a in range(aggregates))
     finally:
         engine.close()
@@ -115,7 +117,8 @@ def run_inprocess(store_name: str, count: int, aggregates: int, sync: bool, work
         shutil.rmtree(tmp, ignore_errors=True)
     return {"bench": "cqrs", "mode": "inprocess", "store": store_name, "sync": sync, "workers": workers,
             "commands": count, "aggregates": aggregates, "complete": ok and total == count,
-            "seconds": round(elapsed, 3), "commands_per_s": round(count / elapsed)}
+            "seconds": round(elapsed, 3), "commands_per_s": round(count / elapsed),
+            "cpu_us_per_command": round(cpu / count * 1e6, 1)}
 
 
 # ---------------------------------------------------------------- through the broker
@@ -173,7 +176,7 @@ def run_broker(store_name: str, count: int, aggregates: int, sync: bool, process
                 f.result(120)  # and every processor holds its aggregates in memory
         if profile:
             spy = subprocess.Popen(["py-spy", "record", "--pid", str(procs[0].pid), "--threads", "--format",
-                                    "raw", "-o", str(ROOT / "bench-cqrs-profile.txt"), "--rate", "200", "--gil"],
+                                    "raw", "-o", PROFILE_PATH, "--rate", "200", "--gil"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
         go_at = time.time() + 2.0
@@ -224,7 +227,7 @@ def main() -> int:
     ap.add_argument("--aggregates", type=int, default=1000)
     ap.add_argument("--processors", type=int, choices=[1, 2])
     ap.add_argument("--senders", type=int, default=2)
-    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-sync", action="store_true", help="event store writes without fsync")
     ap.add_argument("--profile", action="store_true", help="py-spy the first processor (bench-cqrs-profile.txt)")
     args = ap.parse_args()

@@ -263,7 +263,7 @@ class CommandEngine:
     store. Without them, persisted means done."""
 
     def __init__(self, store: EventStore, handlers: Iterable[ModuleType | Callable[..., Any]], *,
-                 workers: int = 4, event_mailboxes: int = 4, command_batch: int = 64,
+                 workers: int = 2, event_mailboxes: int = 4, command_batch: int = 64,
                  event_batch: int = 1000, snapshot_every: int = 100,
                  on_persisted: Callable[[list[Outcome], Callable[[list[Outcome]], None]], None] | None = None,
                  on_duplicate: Callable[..., None] | None = None) -> None:
@@ -286,21 +286,39 @@ class CommandEngine:
     def submit(self, command: Command, on_done: Done) -> None:
         """Queue a command; on_done(result) runs (on a worker thread) once its events are
         persisted and published, or at once for a duplicate / unknown command."""
-        cid = command.command_id
+        self.submit_many([(command, on_done)])
+
+    def submit_many(self, commands: Iterable[tuple[Command, Done]]) -> None:
+        """submit() for many commands at once: one lock round and one post per mailbox."""
+        posts: dict[CommandMailbox, list[PendingCommand]] = {}
+        unknown: list[PendingCommand] = []
+        handlers = self.handlers
         with self._lock:
-            first = self._inflight.get(cid)
-            if first is not None:
-                first.followers.append(on_done)
-                return
-            p = self._inflight[cid] = PendingCommand(command, on_done)
-            mailbox = self.mailboxes.get(command.aggregate_id)
-            if mailbox is None:
-                mailbox = self.mailboxes[command.aggregate_id] = CommandMailbox(self, command.aggregate_id)
-        if type(command) not in self.handlers:
-            self.complete_one(p, CommandResult(cid, command.aggregate_id, CommandResult.FAILED, str(
-                NoCommandHandlerError(f"no @command_handler for {type(command).__name__}"))))
-            return
-        mailbox.post(p)
+            inflight, mailboxes = self._inflight, self.mailboxes
+            for command, on_done in commands:
+                cid = command.command_id
+                first = inflight.get(cid)
+                if first is not None:
+                    first.followers.append(on_done)
+                    continue
+                p = inflight[cid] = PendingCommand(command, on_done)
+                if type(command) not in handlers:
+                    unknown.append(p)
+                    continue
+                mailbox = mailboxes.get(command.aggregate_id)
+                if mailbox is None:
+                    mailbox = mailboxes[command.aggregate_id] = CommandMailbox(self, command.aggregate_id)
+                posted = posts.get(mailbox)
+                if posted is None:
+                    posts[mailbox] = [p]
+                else:
+                    posted.append(p)
+        for mailbox, pendings in posts.items():
+            mailbox.post_many(pendings)
+        for p in unknown:
+            self.complete_one(p, CommandResult(p.command.command_id, p.command.aggregate_id, CommandResult.FAILED,
+                                               str(NoCommandHandlerError(
+                                                   f"no @command_handler for {type(p.command).__name__}"))))
 
     def route(self, outcome: Outcome) -> None:
         self.event_mailboxes[hash(outcome.mailbox.aggregate_id) % len(self.event_mailboxes)].post(outcome)
@@ -336,19 +354,30 @@ class CommandEngine:
             self.on_duplicate(p, record, result, self.complete_one)
 
     def complete(self, outcomes: list[Outcome]) -> None:
+        with self._lock:
+            pop = self._inflight.pop
+            for o in outcomes:
+                pop(o.pending.command.command_id, None)
+            if not self._inflight:
+                self._idle.notify_all()
         for o in outcomes:
-            self.complete_one(o.pending, o.result)
+            self._call(o.pending, o.result)
 
     def complete_one(self, p: PendingCommand, result: CommandResult) -> None:
         with self._lock:
             self._inflight.pop(p.command.command_id, None)
             if not self._inflight:
                 self._idle.notify_all()
-        for done in (p.on_done, *p.followers):
-            try:
+        self._call(p, result)
+
+    @staticmethod
+    def _call(p: PendingCommand, result: CommandResult) -> None:
+        try:
+            p.on_done(result)
+            for done in p.followers:
                 done(result)
-            except Exception:
-                log.exception("command completion callback failed")
+        except Exception:
+            log.exception("command completion callback failed")
 
     def in_flight(self) -> int:
         return len(self._inflight)

@@ -58,7 +58,7 @@ class CommandProcessor:
 
     def __init__(self, broker: str, store: EventStore, handlers: Iterable[ModuleType | Callable[..., Any]], *,
                  commands_topic: str = "commands", events_topic: str = "events",
-                 group: str = "cqrs-processor", workers: int = 4, event_mailboxes: int = 4,
+                 group: str = "cqrs-processor", workers: int = 2, event_mailboxes: int = 4,
                  command_batch: int = 64, event_batch: int = 1000, snapshot_every: int = 100,
                  pull_batch: int = 64, batches_in_flight_per_queue: int = 64,
                  consumer_options: dict[str, Any] | None = None) -> None:
@@ -115,6 +115,7 @@ class CommandProcessor:
                     self._waiters.submit(self._send_replies, replies)
                 loop.call_soon_threadsafe(_resolve, finished)
 
+        commands = []
         for m in msgs:
             try:
                 command = decode(m.tag or "", m.body)
@@ -124,7 +125,8 @@ class CommandProcessor:
                 done(None, None)
                 continue
             reply_to = m.properties.get(REPLY_TO)
-            self.engine.submit(command, lambda result, reply_to=reply_to: done(reply_to, result))
+            commands.append((command, lambda result, reply_to=reply_to: done(reply_to, result)))
+        self.engine.submit_many(commands)
         await finished
 
     def _send_replies(self, replies: dict[str, list[CommandResult]]) -> None:
