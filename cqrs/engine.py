@@ -82,7 +82,10 @@ class CommandMailbox(Mailbox):
         self.epoch = 0
         self.reset_requested = False
         self.inflight: dict[int, Outcome] = {}  # handled, not yet persisted, in handling order
+        self._handled: list[Outcome] = []  # handled in the current run, not yet in inflight
         self._seq = 0
+        self._ctx = CommandContext(Command(aggregate_id=aggregate_id), self._load, self._exists)
+        self.event_mailbox = engine.event_mailbox_of(aggregate_id)
 
     def __repr__(self) -> str:
         return f"CommandMailbox({self.aggregate_id!r})"
@@ -124,25 +127,34 @@ class CommandMailbox(Mailbox):
         # at append and comes back here through a reset, with the mailbox cold.
         stored = {} if self.aggregate is not None else engine.store.command_results(
             [p.command.command_id for p in items])
-        for i, p in enumerate(items):
-            if self.reset_requested:  # a conflict arrived mid-run: the rest waits for the reset
+        handled = self._handled = []
+        try:
+            for i, p in enumerate(items):
+                if self.reset_requested:  # a conflict arrived mid-run: the rest waits for the reset
+                    with self.lock:
+                        self.items.extendleft(reversed(items[i:]))
+                    return
+                record = stored.get(p.command.command_id) if stored else None
+                if record is not None:
+                    engine.answer_duplicate(p, record)
+                    continue
+                handled.append(self._handle(p))
+        finally:
+            # One lock round and one post for the run's outcomes; the reset that may follow runs
+            # on this mailbox's next turn, so it sees all of them in inflight.
+            self._handled = []
+            if handled:
                 with self.lock:
-                    self.items.extendleft(reversed(items[i:]))
-                return
-            record = stored.get(p.command.command_id)
-            if record is not None:
-                engine.answer_duplicate(p, record)
-                continue
-            outcome = self._handle(p)
-            with self.lock:
-                self.inflight[outcome.seq] = outcome
-            engine.route(outcome)
+                    for o in handled:
+                        self.inflight[o.seq] = o
+                self.event_mailbox.post_many(handled)
 
     def _handle(self, p: PendingCommand) -> Outcome:
         engine = self.engine
         command = p.command
         epoch = self.epoch
-        ctx = CommandContext(command, self._load, self._exists)
+        ctx = self._ctx
+        ctx.command, ctx.aggregate = command, None
         try:
             engine.handlers[type(command)](ctx, command)
             failure = None
@@ -191,7 +203,7 @@ class CommandMailbox(Mailbox):
         the two reads is applied once."""
         assert self.aggregate is not None
         with self.lock:
-            pending = [o for o in self.inflight.values() if o.epoch == self.epoch]
+            pending = [o for o in (*self.inflight.values(), *self._handled) if o.epoch == self.epoch]
         agg = self.engine.load(type(self.aggregate), self.aggregate_id)
         if agg is None:
             agg = type(self.aggregate).empty(self.aggregate_id)
@@ -320,8 +332,9 @@ class CommandEngine:
                                                str(NoCommandHandlerError(
                                                    f"no @command_handler for {type(p.command).__name__}"))))
 
-    def route(self, outcome: Outcome) -> None:
-        self.event_mailboxes[hash(outcome.mailbox.aggregate_id) % len(self.event_mailboxes)].post(outcome)
+    def event_mailbox_of(self, aggregate_id: str) -> EventMailbox:
+        """An aggregate's outcomes always go to the same event mailbox, so they persist in order."""
+        return self.event_mailboxes[hash(aggregate_id) % len(self.event_mailboxes)]
 
     def load(self, aggregate_type: type, aggregate_id: str) -> Aggregate | None:
         """The aggregate rebuilt from the store: its snapshot if any, then the events after it."""

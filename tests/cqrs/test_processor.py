@@ -171,3 +171,26 @@ def test_kill_9_of_a_processor_mid_batch_applies_every_accepted_command_exactly_
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_send_without_a_processor_times_out_with_a_typed_error(broker):
+    from equeue_cqrs import CommandTimeoutError
+
+    with CommandBus(broker.address) as bus, pytest.raises(CommandTimeoutError, match="no result"):
+        bus.send(d.StartLog(aggregate_id="a"), timeout=1.0)
+
+
+def test_an_undecodable_command_message_is_consumed_and_the_queue_goes_on(broker, event_store):
+    from equeue_core.client import Message, Producer
+
+    with CommandProcessor(broker.address, event_store, [d]).start(), CommandBus(broker.address) as bus:
+        with Producer(broker.address) as producer:
+            producer.send(Message("commands", b"\xc1not msgpack", tag="NoSuchCommand"), routing_key="a")
+            producer.send(Message("commands", b"\xc1not msgpack", tag="AppendNumber"), routing_key="a")
+        assert bus.send(d.StartLog(aggregate_id="a")).version == 1
+
+
+def test_a_command_type_without_a_handler_fails_with_a_clear_message(broker, event_store):
+    with CommandProcessor(broker.address, event_store, [d.start_log]).start(), CommandBus(broker.address) as bus:
+        with pytest.raises(CommandFailedError, match="no @command_handler for AppendNumber"):
+            bus.send(d.AppendNumber(aggregate_id="a", n=1))
