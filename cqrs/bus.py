@@ -12,6 +12,7 @@ no reply is asked for). A bus that dies loses only its replies: the commands are
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import threading
 import uuid
 from typing import Any
@@ -22,6 +23,9 @@ from equeue_cqrs.processor import REPLY_TO
 from equeue_cqrs.topics import ensure_topics
 
 from equeue_core.client import AdminClient, Consumer, Message, Producer, ReceivedMessage
+from equeue_core.errors import EQueueError
+
+log = logging.getLogger("equeue.cqrs")
 
 
 class CommandBus:
@@ -92,11 +96,16 @@ class CommandBus:
         self.producer.flush()
 
     def close(self) -> None:
+        """Stop consuming replies, delete the reply topic (best effort), close the producer.
+        Futures of results that never came stay unresolved: wait on them with a timeout."""
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
-            with AdminClient(self.broker) as admin:
-                admin.delete_topic(self.reply_topic)
+            try:
+                with AdminClient(self.broker) as admin:
+                    admin.delete_topic(self.reply_topic)
+            except EQueueError as e:
+                log.warning("reply topic %s not deleted: %s", self.reply_topic, e)
         self.producer.close()
 
     def __enter__(self) -> CommandBus:

@@ -125,8 +125,15 @@ class CommandMailbox(Mailbox):
         # just (re)loaded asks the store which commands are done already. A duplicate that slips
         # past (a command redelivered to a warm mailbox) is caught by the store's command-id check
         # at append and comes back here through a reset, with the mailbox cold.
-        stored = {} if self.aggregate is not None else engine.store.command_results(
-            [p.command.command_id for p in items])
+        try:
+            stored = {} if self.aggregate is not None else engine.store.command_results(
+                [p.command.command_id for p in items])
+        except EQueueError as e:  # the store is unreadable for now: keep the commands, try again
+            log.warning("event store read failed (%s); %s retries in 0.1s", e, self)
+            with self.lock:
+                self.items.extendleft(reversed(items))
+            time.sleep(0.1)
+            return
         handled = self._handled = []
         try:
             for i, p in enumerate(items):

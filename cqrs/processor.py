@@ -148,10 +148,15 @@ class CommandProcessor:
                    complete_one: Callable[[PendingCommand, CommandResult], None]) -> None:
         streams = []
         if record.last_version:
-            events = self.store.read_events(record.aggregate_id, record.first_version, record.last_version)
-            streams.append(EventStream(record.aggregate_id, result.aggregate_type, record.command_id,
-                                       [WireEvent(e.event_id, e.version, e.type, e.payload, e.timestamp_ms)
-                                        for e in events]))
+            try:
+                events = self.store.read_events(record.aggregate_id, record.first_version, record.last_version)
+            except EQueueError as e:  # answer anyway: the first run published them unless it died
+                log.warning("events of duplicate command %s not re-published: %s", record.command_id, e)
+                events = []
+            if events:
+                streams.append(EventStream(record.aggregate_id, result.aggregate_type, record.command_id,
+                                           [WireEvent(e.event_id, e.version, e.type, e.payload, e.timestamp_ms)
+                                            for e in events]))
         self._send_then(self._event_messages(streams), lambda: complete_one(p, result))
 
     def _event_messages(self, streams: list[EventStream]) -> list[tuple[Message, str]]:
