@@ -203,3 +203,30 @@ def test_a_command_type_without_a_handler_fails_with_a_clear_message(broker, eve
     with CommandProcessor(broker.address, event_store, [d.start_log]).start(), CommandBus(broker.address) as bus:
         with pytest.raises(CommandFailedError, match="no @command_handler for AppendNumber"):
             bus.send(d.AppendNumber(aggregate_id="a", n=1))
+
+
+def test_queues_moving_between_processors_of_one_group_keep_order_and_apply_each_command_once(broker, event_store):
+    """A second processor joins the group mid-stream and the first leaves: queues move twice while
+    commands are in flight. Every command is applied once, each log's numbers in send order."""
+    first = CommandProcessor(broker.address, event_store, [d], group="movers").start()
+    second = None
+    try:
+        with CommandBus(broker.address) as bus:
+            logs = [f"log-{i}" for i in range(16)]
+            for f in [bus.submit(d.StartLog(aggregate_id=a)) for a in logs]:
+                f.result(60)
+            commands = [d.AppendNumber(aggregate_id=a, n=n) for n in range(120) for a in logs]
+            futures = [bus.submit(c) for c in commands[:600]]
+            second = CommandProcessor(broker.address, event_store, [d], group="movers").start()
+            futures += [bus.submit(c) for c in commands[600:1200]]
+            wait_for(lambda: sum(f.done() for f in futures) >= 300, 60, "some results")
+            first.close()  # its queues move to the second; what it had in flight comes back there
+            futures += [bus.submit(c) for c in commands[1200:]]
+            assert all(f.result(60).ok for f in futures)
+            for a in logs:
+                assert numbers_of(event_store, a) == list(range(120))
+            assert second.stats["handled"] > 0 and first.stats["handled"] > 0
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
