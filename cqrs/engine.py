@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -43,7 +43,7 @@ Done = Callable[[CommandResult], None]
 class PendingCommand:
     command: Command
     on_done: Done
-    followers: list[Done] = field(default_factory=list)
+    followers: list[Done] | None = None  # later arrivals of the same command id
 
 
 class Outcome:
@@ -318,6 +318,8 @@ class CommandEngine:
                 cid = command.command_id
                 first = inflight.get(cid)
                 if first is not None:
+                    if first.followers is None:
+                        first.followers = []
                     first.followers.append(on_done)
                     continue
                 p = inflight[cid] = PendingCommand(command, on_done)
@@ -394,7 +396,7 @@ class CommandEngine:
     def _call(p: PendingCommand, result: CommandResult) -> None:
         try:
             p.on_done(result)
-            for done in p.followers:
+            for done in p.followers or ():
                 done(result)
         except Exception:
             log.exception("command completion callback failed")
