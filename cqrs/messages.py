@@ -1,5 +1,9 @@
 """Commands, domain events and results, and how they travel: msgspec structs encoded as msgpack.
 
+The structs are not tracked by the cyclic garbage collector (msgspec `gc=False`, inherited by
+subclasses): one or more are made per command, and with thousands in flight the collector's scans
+cost more than the work. Commands and events are plain data and must not hold reference cycles.
+
 Every subclass of Command or DomainEvent is registered by its class name (its `type name`), which
 is what the wire and the event store carry; a name must be unique within a process. A command
 names the aggregate it targets (`aggregate_id`, also the routing key) and has an id that makes it
@@ -51,7 +55,7 @@ def new_id() -> str:
     return f"{_id_prefix}{next(_id_counter):x}"
 
 
-class Command(msgspec.Struct, kw_only=True):
+class Command(msgspec.Struct, kw_only=True, gc=False):
     """Base of commands: `class Deposit(Command): amount: int`, sent as
     `Deposit(aggregate_id="acct-1", amount=5)`; command_id defaults to a fresh uuid."""
 
@@ -63,7 +67,7 @@ class Command(msgspec.Struct, kw_only=True):
         _register(cls)
 
 
-class DomainEvent(msgspec.Struct, kw_only=True):
+class DomainEvent(msgspec.Struct, kw_only=True, gc=False):
     """Base of domain events: `class Deposited(DomainEvent): amount: int`. An aggregate raises
     them; their place (aggregate id, version, event id) is kept beside them, not inside."""
 
@@ -87,7 +91,7 @@ def decode(name: str, payload: bytes | memoryview) -> Any:
     return decoder.decode(payload)
 
 
-class CommandResult(msgspec.Struct, array_like=True):
+class CommandResult(msgspec.Struct, array_like=True, gc=False):
     """What a command came to: status "ok" (its events are persisted; version is the aggregate's
     version after them) or "failed" (message says why; nothing was persisted but the result)."""
 
@@ -110,7 +114,7 @@ decode_result = msgspec.msgpack.Decoder(CommandResult).decode
 decode_results = msgspec.msgpack.Decoder(list[CommandResult]).decode
 
 
-class WireEvent(msgspec.Struct, array_like=True):
+class WireEvent(msgspec.Struct, array_like=True, gc=False):
     event_id: str
     version: int
     type: str
@@ -118,7 +122,7 @@ class WireEvent(msgspec.Struct, array_like=True):
     timestamp_ms: int
 
 
-class EventStream(msgspec.Struct, array_like=True):
+class EventStream(msgspec.Struct, array_like=True, gc=False):
     """The events one command raised on one aggregate. A message on the events topic holds a
     msgpack list of them (all of aggregates that hash to that message's queue)."""
 
@@ -131,7 +135,7 @@ class EventStream(msgspec.Struct, array_like=True):
 decode_streams = msgspec.msgpack.Decoder(list[EventStream]).decode
 
 
-class EventMeta(msgspec.Struct, frozen=True):
+class EventMeta(msgspec.Struct, frozen=True, gc=False):
     """Where a published event stands: projections are idempotent by event_id."""
 
     aggregate_id: str
