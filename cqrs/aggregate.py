@@ -42,8 +42,10 @@ def handlers_of(cls: type) -> dict[type, str]:
 
 
 class Aggregate:
-    """Base of aggregates. Subclasses give state defaults as class attributes, change state only in
-    @event_handler methods, and decide in command methods that call raise_event()."""
+    """Base of aggregates. Subclasses give state defaults as class attributes (immutable ones: a
+    list or dict default would be shared, so create those in the first event's handler), change
+    state only in @event_handler methods, and decide in command methods that call raise_event().
+    Snapshots hold the public attributes, so those must be msgpack-able (ints, strs, lists, dicts)."""
 
     _event_methods: ClassVar[dict[type, str]] = {}
 
