@@ -116,6 +116,7 @@ class CommandProcessor:
                 loop.call_soon_threadsafe(_resolve, finished)
 
         commands = []
+        callbacks: dict[str | None, Callable[[CommandResult], None]] = {}  # one per reply topic
         for m in msgs:
             try:
                 command = decode(m.tag or "", m.body)
@@ -125,7 +126,10 @@ class CommandProcessor:
                 done(None, None)
                 continue
             reply_to = m.properties.get(REPLY_TO)
-            commands.append((command, lambda result, reply_to=reply_to: done(reply_to, result)))
+            callback = callbacks.get(reply_to)
+            if callback is None:
+                callback = callbacks[reply_to] = lambda result, reply_to=reply_to: done(reply_to, result)
+            commands.append((command, callback))
         self.engine.submit_many(commands)
         await finished
 
