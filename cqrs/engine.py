@@ -86,6 +86,7 @@ class CommandMailbox(Mailbox):
         self._seq = 0
         self._ctx = CommandContext(Command(aggregate_id=aggregate_id), self._load, self._exists)
         self.event_mailbox = engine.event_mailbox_of(aggregate_id)
+        self.last_active = time.monotonic()
 
     def __repr__(self) -> str:
         return f"CommandMailbox({self.aggregate_id!r})"
@@ -119,8 +120,14 @@ class CommandMailbox(Mailbox):
 
     # -- handling --------------------------------------------------------------------------------
 
+    def evictable_locked(self, idle_since: float) -> bool:
+        """Idle and holding nothing unfinished since before idle_since (call with self.lock held)."""
+        return (self.idle_locked() and not self.inflight and not self.reset_requested
+                and self.last_active < idle_since)
+
     def process(self, items: list[PendingCommand]) -> None:
         engine = self.engine
+        self.last_active = time.monotonic()
         # A mailbox that holds its aggregate has seen every command of it so far; one that has
         # just (re)loaded asks the store which commands are done already. A duplicate that slips
         # past (a command redelivered to a warm mailbox) is caught by the store's command-id check
@@ -243,8 +250,8 @@ class EventMailbox(Mailbox):
                 break
             except EventStoreConflictError as e:
                 engine.stats["conflicts"] += 1
-                mailbox = engine.mailboxes.get(e.aggregate_id)
-                if mailbox is None:  # cannot happen: only our outcomes are in the batch
+                mailbox = next((o.mailbox for o in live if o.mailbox.aggregate_id == e.aggregate_id), None)
+                if mailbox is None:  # cannot happen: the store names an aggregate of the batch
                     raise
                 mailbox.request_reset()
                 live = [o for o in live if o.mailbox is not mailbox]
@@ -283,7 +290,7 @@ class CommandEngine:
 
     def __init__(self, store: EventStore, handlers: Iterable[ModuleType | Callable[..., Any]], *,
                  workers: int = 2, event_mailboxes: int = 4, command_batch: int = 64,
-                 event_batch: int = 1000, snapshot_every: int = 100,
+                 event_batch: int = 1000, snapshot_every: int = 100, max_idle_seconds: float = 600.0,
                  on_persisted: Callable[[list[Outcome], Callable[[list[Outcome]], None]], None] | None = None,
                  on_duplicate: Callable[..., None] | None = None) -> None:
         self.store = store
@@ -291,6 +298,8 @@ class CommandEngine:
         self.command_batch = command_batch
         self.event_batch = event_batch
         self.snapshot_every = snapshot_every
+        self.max_idle_seconds = max_idle_seconds
+        self._next_sweep = time.monotonic() + max_idle_seconds / 2
         self.on_persisted = on_persisted
         self.on_duplicate = on_duplicate
         self.pool = WorkerPool(workers)
@@ -300,7 +309,7 @@ class CommandEngine:
         self._inflight: dict[str, PendingCommand] = {}
         self._idle = threading.Condition(self._lock)
         self.closed = False
-        self.stats = {"handled": 0, "duplicates": 0, "conflicts": 0, "resets": 0}
+        self.stats = {"handled": 0, "duplicates": 0, "conflicts": 0, "resets": 0, "evicted": 0}
 
     def submit(self, command: Command, on_done: Done) -> None:
         """Queue a command; on_done(result) runs (on a worker thread) once its events are
@@ -334,12 +343,30 @@ class CommandEngine:
                     posts[mailbox] = [p]
                 else:
                     posted.append(p)
-        for mailbox, pendings in posts.items():
-            mailbox.post_many(pendings)
+            # Posting under the engine lock: an idle-mailbox sweep (which holds this lock) can then
+            # never drop a mailbox between looking it up and posting to it, which would leave two
+            # mailboxes, and two concurrent handlers, for one aggregate.
+            for mailbox, pendings in posts.items():
+                mailbox.post_many(pendings)
+            if time.monotonic() >= self._next_sweep:
+                self._sweep_locked()
         for p in unknown:
             self.complete_one(p, CommandResult(p.command.command_id, p.command.aggregate_id, CommandResult.FAILED,
                                                str(NoCommandHandlerError(
                                                    f"no @command_handler for {type(p.command).__name__}"))))
+
+    def _sweep_locked(self) -> None:
+        """Forget the mailboxes (and so the aggregates) idle for max_idle_seconds, as ENode's
+        aggregate memory cache expires: memory stays bounded by the recently active aggregates,
+        and one that comes back is reloaded from the store (from its snapshot)."""
+        now = time.monotonic()
+        self._next_sweep = now + max(0.05, self.max_idle_seconds / 2)
+        idle_since = now - self.max_idle_seconds
+        for aggregate_id, mailbox in list(self.mailboxes.items()):
+            with mailbox.lock:
+                if mailbox.evictable_locked(idle_since):
+                    del self.mailboxes[aggregate_id]
+                    self.stats["evicted"] += 1
 
     def event_mailbox_of(self, aggregate_id: str) -> EventMailbox:
         """An aggregate's outcomes always go to the same event mailbox, so they persist in order."""

@@ -74,6 +74,10 @@ class Mailbox:
                 self.items.extend(items)
             self._schedule_locked()
 
+    def idle_locked(self) -> bool:
+        """Nothing queued, nothing scheduled (call with self.lock held)."""
+        return not self.items and not self._scheduled
+
     def wake(self) -> None:
         """Schedule a run even with nothing queued (for before_run's control work)."""
         with self.lock:

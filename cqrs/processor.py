@@ -60,7 +60,7 @@ class CommandProcessor:
                  commands_topic: str = "commands", events_topic: str = "events",
                  group: str = "cqrs-processor", workers: int = 2, event_mailboxes: int = 4,
                  command_batch: int = 64, event_batch: int = 1000, snapshot_every: int = 100,
-                 pull_batch: int = 64, batches_in_flight_per_queue: int = 64,
+                 max_idle_seconds: float = 600.0, pull_batch: int = 64, batches_in_flight_per_queue: int = 64,
                  consumer_options: dict[str, Any] | None = None) -> None:
         self.broker = broker
         self.store = store
@@ -68,7 +68,8 @@ class CommandProcessor:
         self.events_topic = events_topic
         self.engine = CommandEngine(store, handlers, workers=workers, event_mailboxes=event_mailboxes,
                                     command_batch=command_batch, event_batch=event_batch,
-                                    snapshot_every=snapshot_every, on_persisted=self._publish,
+                                    snapshot_every=snapshot_every, max_idle_seconds=max_idle_seconds,
+                                    on_persisted=self._publish,
                                     on_duplicate=self._republish)
         options = {"consume_batch_size": pull_batch, "pull_batch": pull_batch,
                    "parallel_per_queue": batches_in_flight_per_queue,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from equeue_cqrs import CommandEngine, CommandResult
@@ -181,5 +182,23 @@ def test_an_aggregate_reloads_from_its_snapshot_plus_the_events_after_it(event_s
         event_store.append(EventBatch(snapshots=[Snapshot("a", 24, doctored.snapshot_state())]))
         loaded = engine.load(d.NumberLog, "a")
         assert (loaded.version, loaded.numbers, loaded.total) == (25, [42, 23], 65)
+    finally:
+        engine.close()
+
+
+def test_idle_aggregates_are_forgotten_and_reload_from_the_store_when_they_come_back(event_store):
+    engine = CommandEngine(event_store, [d], max_idle_seconds=0.2, snapshot_every=3)
+    try:
+        logs = [f"log-{i}" for i in range(30)]
+        run(engine, [d.StartLog(aggregate_id=a) for a in logs])
+        run(engine, [d.AppendNumber(aggregate_id=a, n=n) for n in range(4) for a in logs])
+        assert len(engine.mailboxes) == 30
+        time.sleep(0.5)
+        run(engine, [d.AppendNumber(aggregate_id="log-0", n=4)])  # a submit sweeps idle mailboxes
+        assert engine.stats["evicted"] >= 29 and len(engine.mailboxes) <= 2
+        results = run(engine, [d.AppendNumber(aggregate_id=a, n=5) for a in logs])
+        assert {r.version for r in results.by_id.values() if r.aggregate_id != "log-0"} == {6}
+        for a in logs:
+            assert numbers_of(event_store, a) == ([0, 1, 2, 3, 4, 5] if a == "log-0" else [0, 1, 2, 3, 5])
     finally:
         engine.close()
