@@ -40,3 +40,7 @@ bench: $(VENV)/.all
 
 clean:
 	rm -rf $(VENV) data build *.egg-info
+
+.PHONY: bank
+bank: $(VENV)/.base  # the CQRS bank example end to end (examples/bank/README.md)
+	$(PY) -m examples.bank

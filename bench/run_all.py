@@ -16,6 +16,7 @@ RUNS = [
     ["bench.bench_transports", "--duration", "2"],
     ["bench.bench_stores", "--records", "200000"],
     ["bench.bench_spark", "--messages", "300000"],
+    ["bench.bench_cqrs", "--count", "40000"],
 ]
 
 

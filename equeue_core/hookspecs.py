@@ -48,3 +48,8 @@ def equeue_allocation_strategies() -> dict:
 @hookspec
 def equeue_queue_selectors() -> dict:
     """Queue selectors by name: name -> factory() -> QueueSelector."""
+
+
+@hookspec
+def equeue_event_stores() -> dict:
+    """Event stores (equeue_cqrs) by name: name -> factory(path, options) -> EventStore."""

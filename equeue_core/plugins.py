@@ -23,6 +23,7 @@ HOOKS = {
     "equeue_transports": "transport",
     "equeue_allocation_strategies": "allocation strategy",
     "equeue_queue_selectors": "queue selector",
+    "equeue_event_stores": "event store",
 }
 
 
@@ -129,6 +130,9 @@ class PluginManager:
 
     def queue_selector(self, name: str):
         return self.get("equeue_queue_selectors", name)
+
+    def event_store(self, name: str):
+        return self.get("equeue_event_stores", name)
 
 
 def _validate(hook_name: str, name: object, obj: Any, plugin_name: str) -> None:

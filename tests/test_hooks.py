@@ -161,3 +161,16 @@ def test_a_plugin_that_fails_to_import_is_reported_not_fatal(tmp_path, monkeypat
     assert "file" in pm.names("equeue_message_stores")
     with pytest.raises(PluginError, match="broken_plugin failed to load"):
         pm.message_store("nosuchstore")
+
+
+def test_hook_equeue_event_stores(tmp_path):
+    from equeue_cqrs.store import EventBatch, EventStore, StoredEvent
+
+    pm = get_plugin_manager()
+    assert {"lmdb", "rocksdb"} <= set(pm.names("equeue_event_stores"))
+    for name in pm.names("equeue_event_stores"):
+        store = pm.event_store(name)(str(tmp_path / name), {"sync": "false"})
+        assert isinstance(store, EventStore)
+        store.append(EventBatch([StoredEvent("a", 1, "c", "e", "T", b"", 0)]))
+        assert [e.version for e in store.read_events("a")] == [1]
+        store.close()

@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MAPPED = {"equeue_core": "equeue_core", "plugins": "equeue_plugins", "spark": "equeue_spark"}
+MAPPED = {"equeue_core": "equeue_core", "plugins": "equeue_plugins", "spark": "equeue_spark", "cqrs": "equeue_cqrs"}
 
 
 def test_every_package_folder_is_listed_in_pyproject():
