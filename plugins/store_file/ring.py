@@ -36,6 +36,11 @@ class Ring:
         pages = self.pages
         first = position // RING_PAGE
         last = (position + n - 1) // RING_PAGE
+        # A write that starts inside a page completes that page only if the ring already holds
+        # the page's earlier bytes; otherwise (the first write after a restart, or after a write
+        # larger than the ring) the page stays unclaimed, so its earlier records are read from the
+        # chunk instead of as the zeros (or an older lap) the ring has there.
+        whole_first = position % RING_PAGE == 0 or tags[first % pages] == first
         for k in range(first, last + 1):  # claim the slots first: readers of the old pages now miss
             tags[k % pages] = -1
         start = position % size
@@ -46,7 +51,7 @@ class Ring:
             mv = memoryview(data)
             self.buf[start:] = mv[:cut]
             self.buf[:n - cut] = mv[cut:]
-        for k in range(first, last + 1):
+        for k in range(first if whole_first else first + 1, last + 1):
             tags[k % pages] = k
 
     def read(self, start: int, end: int) -> bytes | None:
