@@ -255,7 +255,9 @@ def test_new_group_consumes_everything_stored_after_a_kill9_restart_mid_send(tmp
         after = p.send(Message("restart", b"after-restart"))  # the same producer goes on sending
         assert after.queue_offset >= 0
         with AdminClient(b.address) as admin:
-            total = sum(hi - lo for lo, hi in admin.queue_ranges("restart"))
+            stored = {(q, off) for q, (lo, hi) in enumerate(admin.queue_ranges("restart"))
+                      for off in range(lo, hi)}
+        total = len(stored)
         col = Collector(total)
         c = Consumer("g-after-restart", b.address, consume_from="first", pull_batch=1)
         c.subscribe("restart").start(col)
@@ -268,13 +270,14 @@ def test_new_group_consumes_everything_stored_after_a_kill9_restart_mid_send(tmp
                     break
         finally:
             c.close()
-        got = {body for *_, body in col.items}
+        delivered = {(q, off) for _, q, off, _ in col.items}
         by_queue: dict[int, int] = {}
-        for _, q, off, _ in col.items:
+        for q, off in delivered:
             by_queue[q] = max(by_queue.get(q, -1), off)
-        assert len(got) >= total and len(col.items) >= total, (
-            f"{transport}: consumer stopped at {by_queue} with {len(col.items)} of {total} stored")
-        assert set(acked) | {b"after-restart"} <= got, "acknowledged messages not delivered"
+        assert delivered >= stored, (
+            f"{transport}: consumer stopped at {by_queue} with {len(delivered)} of {total} stored")
+        # the send in flight at the kill may be stored twice (it was retried): at least once
+        assert set(acked) | {b"after-restart"} <= {body for *_, body in col.items}
     finally:
         stop.set()
         p.close()
