@@ -35,10 +35,14 @@ class SocketPump:
     """Reads and writes one ZeroMQ socket on the running loop (see the module docstring)."""
 
     def __init__(self, sock: zmq.Socket, on_message: Callable[[list[zmq.Frame]], None],
-                 before_batch: Callable[[], None] | None = None) -> None:
+                 before_batch: Callable[[], None] | None = None,
+                 on_writable: Callable[[], bool] | None = None) -> None:
         self.sock = sock
         self.on_message = on_message
         self.before_batch = before_batch
+        # Called on every wake-up (socket events and retries) to send what the owner queued
+        # itself; returns True while something is still queued (then retries are armed).
+        self.on_writable = on_writable
         self.loop = asyncio.get_running_loop()
         self._fd = sock.getsockopt(zmq.FD)
         self._outbox: deque[tuple[list, bool, asyncio.Future]] = deque()
@@ -71,6 +75,23 @@ class SocketPump:
         self._arm_retry()
         self._check_in()
         return fut
+
+    def try_send(self, parts: list, copy: bool = True) -> bool:
+        """Send now if ZeroMQ takes it: True if sent, False on EAGAIN (full peer queue; the
+        caller keeps the message and is called back through `on_writable`). Other ZMQErrors
+        are raised."""
+        try:
+            self.sock.send_multipart(parts, zmq.NOBLOCK, copy=copy)
+        except zmq.Again:
+            self.arm_retry()
+            return False
+        finally:
+            self._check_in()
+        return True
+
+    def arm_retry(self) -> None:
+        """Wake up again in RETRY seconds (a full peer queue gives no event when it drains)."""
+        self._arm_retry()
 
     def close(self) -> None:
         """Stop watching the socket; queued sends are cancelled."""
@@ -120,6 +141,8 @@ class SocketPump:
         sock = self.sock
         if self._outbox:
             self._flush()
+        if self.on_writable is not None and self.on_writable():
+            self._arm_retry()
         for _ in range(BATCH):
             try:
                 msg = sock.recv_multipart(zmq.NOBLOCK, copy=False)
