@@ -11,9 +11,10 @@ the backlog.
 Responses are only known once handlers finish, so a burst of requests started in one event-loop
 iteration could answer with far more than the budget. Each start in the current iteration
 therefore also reserves the connection's *expected response size* (a decaying maximum of its
-recent response sizes; 64 KiB until the first response is seen): a client that pipelines pulls
-and does not read gets about one budget's worth of responses started per iteration, and none once
-its unsent bytes pass the budget.
+recent response sizes; an eighth of the budget until the first response is seen): a client that
+pipelines pulls and does not read gets about one budget's worth of responses started per
+iteration, and none once its unsent bytes pass the budget. A request is charged its body plus
+REQUEST_COST bytes for the objects that carry it.
 
 What this guarantees per connection: memory for its requests and responses stays within about
 twice the budget plus the responses of handlers that were already running (held pulls answered
@@ -36,8 +37,8 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
-FIRST_RESPONSE_GUESS = 64 * 1024  # expected response size before any response was seen
 MIN_RESPONSE_GUESS = 256
+REQUEST_COST = 1024  # charged per request on top of its body: header, frame and task objects
 
 
 class RequestAdmission(Generic[T]):
@@ -65,7 +66,7 @@ class RequestAdmission(Generic[T]):
         self.backlog: deque[tuple[T, int]] = deque()
         self.running = 0  # handlers started and not finished
         self.charged = 0  # bytes of requests read and not answered (running or in the backlog)
-        self._guess = FIRST_RESPONSE_GUESS
+        self._guess = max(MIN_RESPONSE_GUESS, self.budget // 8)
         self._turn = 0  # requests started in this loop iteration
         self._turn_reset = False
         self._retry_soon = False
@@ -80,6 +81,7 @@ class RequestAdmission(Generic[T]):
 
     def offer(self, item: T, size: int) -> None:
         """A request of `size` bytes was read: start it now, or queue it behind the others."""
+        size += REQUEST_COST
         self.charged += size
         if self.backlog or not self._may_start(size):
             self.backlog.append((item, size))
@@ -89,7 +91,7 @@ class RequestAdmission(Generic[T]):
     def finished(self, size: int) -> None:
         """A started request is answered (or dropped): its bytes leave the charge."""
         self.running -= 1
-        self.charged -= size
+        self.charged -= size + REQUEST_COST
         if self.backlog:
             self.retry()
 

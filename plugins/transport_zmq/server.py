@@ -15,14 +15,16 @@ Guarantees (the same as the TCP server's, see docs/protocol.md):
 - Memory per peer is bounded (equeue_core.admission): its requests start only while its unsent
   replies plus its unanswered requests stay within `max_connection_bytes` (at most
   `max_requests_in_flight` at once); the rest wait in order. A ROUTER cannot stop reading one peer,
-  so a peer whose unanswered requests pass twice the budget is disconnected. ZeroMQ's own queue
-  per peer holds at most `SNDHWM` messages (the budget / 256 KiB, at least 4).
+  so while a peer's unanswered requests are over twice the budget, what it sends is dropped unread
+  (its client sees those requests time out). ZeroMQ's own reply queue per peer holds at most
+  `SNDHWM` messages (the budget / 512 KiB, at least 2).
 - At most `max_connections` known peers: the requests of one more are answered with a
   `too_many_connections` error and its connection is then closed. A known peer that sends nothing
   and has no request being handled (a held pull is one) for `idle_timeout` seconds is disconnected.
   Closing one peer's connection, which ZeroMQ has no call for, is a `shutdown()` of the TCP socket
   it accepted (its descriptor, from `ZMQ_SRCFD`, checked against the monitor's view); ZeroMQ then
-  tears the connection down itself and the client reconnects.
+  tears the connection down itself and the client reconnects. Only peers whose input ZeroMQ has
+  not stopped are cut this way (idle or refused ones), never a flooding one (see the HWM note).
 - `close()` ends every task, closes every socket with LINGER 0 and terminates its own context.
 """
 
@@ -74,6 +76,7 @@ class ZmqServerConnection:
         self.outbox: deque[tuple[list, bool, int]] = deque()  # replies ZeroMQ did not take yet
         self.queued = 0  # their bytes
         self.last_activity = server._loop.time()
+        self.dropping = False  # over twice its budget: its messages are dropped unread
         st = server.settings
         self.admission: RequestAdmission[wire.Frame] = RequestAdmission(
             st.max_connection_bytes, st.max_requests_in_flight, self._start, self.unsent, _nothing)
@@ -147,9 +150,12 @@ class ZmqServer:
             sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(self.settings.frame_read_timeout * 1000)))
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # full or unknown peer: an error, not a silent drop
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting peer takes over its identity
-            # ZeroMQ's own queue per peer, in messages of up to FLUSH_BYTES: about one budget;
-            # what does not fit waits in the peer's outbox, where the budget counts it.
-            sock.setsockopt(zmq.SNDHWM, max(4, self.settings.max_connection_bytes // FLUSH_BYTES))
+            # ZeroMQ's own reply queue per peer, in messages (mostly up to FLUSH_BYTES each):
+            # about half a budget. Replies that do not fit wait in the peer's outbox, where the
+            # budget counts them. (The inbound queue keeps its large HWM on purpose: libzmq 4.3
+            # aborts the process (assert !_io_error) when a peer whose input was stopped at the
+            # HWM hangs up and is then sent a reply.)
+            sock.setsockopt(zmq.SNDHWM, max(2, self.settings.max_connection_bytes // (2 * FLUSH_BYTES)))
             self._monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
             sock.bind(f"tcp://{host}:{port if port else '*'}")
         except BaseException:
@@ -197,9 +203,22 @@ class ZmqServer:
             conn = self._register(identity, fd, ident_part)
         conn.last_activity = self._loop.time()
         admission = conn.admission
+        if admission.charged > 2 * admission.budget:
+            # It sends while not reading its replies: what it sends now is dropped unread (a
+            # ROUTER cannot stop reading one peer; its client sees these requests time out).
+            if not conn.dropping:
+                conn.dropping = True
+                log.warning("peer %s (%s) does not read its replies and has over %d bytes of requests "
+                            "waiting: dropping what it sends until it catches up", conn.id, conn.peer,
+                            2 * admission.budget)
+            return
+        conn.dropping = False
+
+        limit = 2 * admission.budget
 
         def on_frame(request: wire.Frame) -> None:
-            admission.offer(request, wire.HEAD_SIZE + len(request.body))
+            if admission.charged <= limit:
+                admission.offer(request, wire.HEAD_SIZE + len(request.body))
 
         def on_error(head: tuple | None, err: ProtocolError) -> None:
             if head is not None and not head[4] & wire.FLAG_ONEWAY:
@@ -208,9 +227,6 @@ class ZmqServer:
                 log.info("dropping the rest of a message from %s: %s", conn.peer, err)
 
         parse_message(msg[1:], self.settings.max_frame_size, on_frame, on_error)
-        if admission.charged > 2 * admission.budget:
-            self._kick(conn, f"over {2 * admission.budget} bytes of requests waiting while it does "
-                             "not read its replies")
 
     def _refuse(self, identity: bytes, fd: int, parts: list) -> None:
         """Over max_connections: answer this peer's requests with the error, then cut it off."""
