@@ -23,7 +23,8 @@ def free_port() -> int:
 
 class BrokerProcess:
     def __init__(self, data_dir: Path, store: str = "file", transport: str = "tcp", flush: str = "async",
-                 port: int | None = None, env: dict[str, str] | None = None, config: str | None = None) -> None:
+                 port: int | None = None, env: dict[str, str] | None = None, config: str | None = None,
+                 prefix: list[str] | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.store = store
         self.transport = transport
@@ -33,6 +34,7 @@ class BrokerProcess:
         # off unless a test asks for it (tests/test_retention.py does).
         self.env = {"EQUEUE_DISK_HIGH_WATER": "1.0", **(env or {})}
         self.config = config
+        self.prefix = list(prefix or [])  # a command the broker runs under (e.g. strace)
         self.proc: subprocess.Popen | None = None
         self.log_path = self.data_dir.parent / f"broker-{self.data_dir.name}-{self.port}.log"
 
@@ -41,7 +43,7 @@ class BrokerProcess:
         return f"{self.transport}://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> BrokerProcess:
-        cmd = [sys.executable, "-m", "equeue_core.cli.main", "broker", "--data-dir", str(self.data_dir),
+        cmd = [*self.prefix, sys.executable, "-m", "equeue_core.cli.main", "broker", "--data-dir", str(self.data_dir),
                "--host", "127.0.0.1", "--port", str(self.port), "--store", self.store,
                "--transport", self.transport, "--flush", self.flush]
         if self.config:
