@@ -185,3 +185,28 @@ def test_fifty_connections_that_never_read_stay_within_their_byte_budgets(tmp_pa
         if ctx is not None:
             ctx.term()
         b.kill()
+
+
+@pytest.mark.parametrize("transport", installed("equeue_transports"))
+def test_client_over_max_connections_gets_one_clear_error_and_the_others_keep_working(tmp_path, transport):
+    from equeue_core.client import AdminClient
+    from equeue_core.errors import TooManyConnectionsError
+
+    b = BrokerProcess(tmp_path / "data", transport=transport, env={"EQUEUE_MAX_CONNECTIONS": "2"}).start()
+    admins = []
+    try:
+        for _ in range(2):
+            admins.append(AdminClient(b.address))
+            admins[-1].create_topic("first", 1)  # connected and answered
+        with pytest.raises(TooManyConnectionsError) as refused:
+            with Producer(b.address) as p:
+                p.send(Message("x", b"never"))
+        line = str(refused.value)
+        assert "limit of 2 connections" in line and "\n" not in line
+        for a in admins:  # the admitted ones are untouched
+            a.create_topic("kept", 2)
+            assert len(a.queue_ranges("kept")) == 2
+    finally:
+        for a in admins:
+            a.close()
+        b.stop()

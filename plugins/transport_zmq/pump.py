@@ -13,6 +13,9 @@ What it guarantees:
 - `send` never blocks: it sends now or queues in order (ZeroMQ said EAGAIN: the peer's queue is
   full, or with ZMQ_IMMEDIATE there is no connection yet). Queued sends go out in order as soon as
   the socket accepts them; a queued send whose Future was cancelled is skipped.
+- `try_send` sends now or says EAGAIN and leaves the message with the caller, who keeps its own
+  queues (the ROUTER server keeps one per peer) and is called back through `on_writable` on every
+  wake-up, retries included, until it reports nothing left.
 - After `close()` nothing is called and the FD is no longer watched (close the socket after).
 """
 
