@@ -24,7 +24,7 @@ import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -53,11 +53,6 @@ class Call:
     start: float
     end: float
     result: int
-
-
-@dataclass
-class Trace:
-    calls: list[Call] = field(default_factory=list)
 
 
 def _secs(h: str, m: str, s: str) -> float:
