@@ -52,6 +52,9 @@ class Config:
     register_interval_s: float = 30.0
     broker_expiry_s: float = 120.0  # name server: drop a broker silent this long
     max_deliver_delay: str = "40d"
+    max_connections: int = 4096
+    max_connection_bytes: int = 64 * MiB
+    idle_timeout_s: float = 600.0
     store_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def store_settings_options(self) -> dict[str, Any]:
@@ -113,6 +116,9 @@ def validate(cfg: Config) -> Config:
                           "'time_and_consumed', 'time' or 'consumed'")
     if not 0 < cfg.disk_high_water <= 1:
         raise ConfigError(f"config disk_high_water: {cfg.disk_high_water} must be a fraction in (0, 1]")
+    if cfg.max_connections <= 0 or cfg.max_connection_bytes <= 0 or cfg.idle_timeout_s < 0:
+        raise ConfigError("config max_connections and max_connection_bytes must be positive and "
+                          "idle_timeout_s >= 0 (0: never)")
     if cfg.retention_hours < 0 or cfg.retention_check_s <= 0:
         raise ConfigError("config retention_hours must be >= 0 and retention_check_s > 0")
     if cfg.register_interval_s <= 0 or cfg.broker_expiry_s <= 0:

@@ -193,6 +193,16 @@ class TransportSettings:
     # (slow-loris); an idle connection between frames is not.
     frame_read_timeout: float = 30.0
     socket_buffer: int = 4 * 1024 * 1024
+    # Per server connection (equeue_core.admission): requests start only while its unsent
+    # responses plus its unanswered requests stay within this many bytes, at most
+    # max_requests_in_flight at once; the rest wait and the connection is not read meanwhile.
+    max_connection_bytes: int = 64 * 1024 * 1024
+    max_requests_in_flight: int = 4096
+    # Connections a server accepts at once; one more gets a too_many_connections error.
+    max_connections: int = 4096
+    # A server connection with nothing received and nothing being handled (a held pull counts as
+    # being handled) for this many seconds is closed; 0 = never.
+    idle_timeout: float = 600.0
 
 
 class ServerConnection(Protocol):

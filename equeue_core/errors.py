@@ -146,6 +146,12 @@ class UnknownRequestError(ProtocolError):
     code = "unknown_request"
 
 
+class TooManyConnectionsError(TransportError):
+    """The broker refused the connection: it has as many as `max_connections` allows."""
+
+    code = "too_many_connections"
+
+
 class BrokerBusyError(EQueueError):
     """The broker refused the request under load; retry later."""
 

@@ -368,7 +368,7 @@ _reader_frames = st.lists(
     min_size=1, max_size=12)
 
 
-@hsettings(max_examples=60, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
+@hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_reader_frames, st.lists(st.integers(1, 200_000), min_size=1, max_size=20))
 def test_frame_reader_cuts_any_chunking_of_a_stream_the_same_way(items: list, chunks: list[int]) -> None:
     """Frames, oversized heads (announced length past a 512 KiB max, fewer bytes than announced

@@ -102,7 +102,10 @@ class Broker:
                                           cfg.disk_high_water)
         transport = self.plugins.transport(cfg.transport)
         tsettings = TransportSettings(max_frame_size=cfg.max_frame_size,
-                                      frame_read_timeout=cfg.frame_read_timeout_s)
+                                      frame_read_timeout=cfg.frame_read_timeout_s,
+                                      max_connections=cfg.max_connections,
+                                      max_connection_bytes=cfg.max_connection_bytes,
+                                      idle_timeout=cfg.idle_timeout_s)
         self._register_handlers()
         self.metrics_address = self.metrics.start(cfg.metrics_host, cfg.metrics_port)
         self._server = await transport.serve(cfg.host, cfg.port, self, tsettings)

@@ -36,8 +36,10 @@ class Ring:
         pages = self.pages
         first = position // RING_PAGE
         last = (position + n - 1) // RING_PAGE
-        # A slot holds a page only if the ring saw that page from its start: after a restart the
-        # first write lands mid-page, and the slot's bytes before it are not that page's bytes.
+        # A write that starts inside a page completes that page only if the ring already holds
+        # the page's earlier bytes; otherwise (the first write after a restart, or after a write
+        # larger than the ring) the page stays unclaimed, so its earlier records are read from the
+        # chunk instead of as the zeros (or an older lap) the ring has there.
         whole_first = position % RING_PAGE == 0 or tags[first % pages] == first
         for k in range(first, last + 1):  # claim the slots first: readers of the old pages now miss
             tags[k % pages] = -1

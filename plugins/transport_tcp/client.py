@@ -28,10 +28,12 @@ from equeue_core.contracts import TransportSettings
 from equeue_core.errors import (
     ClientClosedError,
     ConnectionLostError,
+    EQueueError,
     FrameTooLargeError,
     ProtocolError,
     RequestTimeoutError,
     TransportError,
+    error_for_code,
 )
 from equeue_core.push import deliver_push
 
@@ -49,6 +51,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.lost = False
         self.write_paused = False
         self._resumed: asyncio.Future | None = None
+        self.refusal: EQueueError | None = None  # why the server closed us, if it said so
         self.reader = FrameReader(owner.settings.max_frame_size, self._on_frame, self._on_oversized,
                                   self._on_bad_frame, self._on_fatal)
 
@@ -68,8 +71,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         pending, self.pending = self.pending, {}
-        err = ConnectionLostError(f"connection to {self._owner.address} lost"
-                                  + (f": {exc}" if exc else ""))
+        err = self.refusal or ConnectionLostError(f"connection to {self._owner.address} lost"
+                                                  + (f": {exc}" if exc else ""))
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(err)
@@ -95,6 +98,16 @@ class _ClientProtocol(asyncio.BufferedProtocol):
     def _on_frame(self, frame: wire.Frame) -> None:
         if frame.flags & wire.FLAG_PUSH:
             self._owner._deliver_push(frame)
+            return
+        if frame.request_id == 0 and frame.is_error:
+            # The server refuses this connection (e.g. too_many_connections) and closes it:
+            # that error, not a bare "connection lost", is what the requests in flight get.
+            h = frame.header if isinstance(frame.header, dict) else {}
+            details = h.get("details") if isinstance(h.get("details"), dict) else {}
+            code = str(h.get("error", "transport"))
+            self.refusal = error_for_code(code)(
+                f"{self._owner.address}: {h.get('message', code)}", **details)
+            log.warning("%s", self.refusal)
             return
         fut = self.pending.pop(frame.request_id, None)
         if fut is not None and not fut.done():
@@ -198,8 +211,8 @@ class TcpClientConnection:
             proto = await self._ready()
         if proto.write_paused:
             await proto.drain()
-            if proto.lost:
-                raise ConnectionLostError(f"connection to {self.address} lost")
+        if proto.lost:  # dropped (or refused by the server) before we could write
+            raise proto.refusal or ConnectionLostError(f"connection to {self.address} lost")
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         proto.pending[request_id] = fut
@@ -224,7 +237,7 @@ class TcpClientConnection:
         if proto.write_paused:
             await proto.drain()
         if proto.lost:
-            raise ConnectionLostError(f"connection to {self.address} lost")
+            raise proto.refusal or ConnectionLostError(f"connection to {self.address} lost")
         assert proto.writer is not None
         proto.writer.write(buffers)
 

@@ -192,20 +192,32 @@ class WriteCoalescer:
     asyncio joins them). Costs one loop iteration of latency for a lone frame.
     """
 
-    __slots__ = ("_transport", "_loop", "_pending")
+    __slots__ = ("_transport", "_loop", "_pending", "pending_bytes")
 
     def __init__(self, transport: object, loop: object) -> None:
         self._transport = transport
         self._loop = loop
         self._pending: list = []
+        self.pending_bytes = 0  # written here, not yet handed to the transport
 
-    def write(self, buffers: list) -> None:
+    def write(self, buffers: list) -> int:
+        """Queue encoded buffers; returns their size in bytes."""
         if not self._pending:
             self._loop.call_soon(self.flush)  # type: ignore[attr-defined]
         self._pending += buffers
+        n = 0
+        for b in buffers:
+            n += len(b)
+        self.pending_bytes += n
+        return n
+
+    def unsent(self) -> int:
+        """Bytes written and not yet taken by the kernel (here plus the transport's buffer)."""
+        return self.pending_bytes + self._transport.get_write_buffer_size()  # type: ignore[attr-defined]
 
     def flush(self) -> None:
         """Hand everything written so far to the transport now (before a close)."""
         pending, self._pending = self._pending, []
+        self.pending_bytes = 0
         if pending and not self._transport.is_closing():  # type: ignore[attr-defined]
             self._transport.writelines(pending)  # type: ignore[attr-defined]

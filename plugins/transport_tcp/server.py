@@ -10,6 +10,13 @@ Guarantees the broker relies on:
   middle of a frame for `frame_read_timeout` seconds is closed.
 - `handler.connection_lost(conn)` is called exactly once per connection, and the connection leaves
   `TcpServer.connections` at that moment.
+- Memory per connection is bounded (equeue_core.admission): requests start only while the
+  connection's unsent responses plus its unanswered requests stay within
+  `max_connection_bytes`, at most `max_requests_in_flight` at once; meanwhile the connection is
+  not read, so a client that floods or stops reading waits in its own socket buffer.
+- At most `max_connections` connections: one more gets a `too_many_connections` error frame
+  (request id 0) and is closed, never seen by the handler. A connection that sends nothing and
+  has no request being handled (a held pull is one) for `idle_timeout` seconds is closed.
 """
 
 from __future__ import annotations
@@ -22,12 +29,14 @@ from collections.abc import Mapping
 from equeue_plugins.transport_tcp.framing import FrameReader, Head, WriteCoalescer, error_for_head
 
 from equeue_core import frame as wire
+from equeue_core.admission import RequestAdmission
 from equeue_core.contracts import ServerHandler, TransportSettings
-from equeue_core.errors import EQueueError, FrameTooLargeError, ProtocolError
+from equeue_core.errors import EQueueError, FrameTooLargeError, ProtocolError, TooManyConnectionsError
 
 log = logging.getLogger(__name__)
 
-MAX_IN_FLIGHT = 4096  # requests being handled per connection before we stop reading from it
+MAX_IN_FLIGHT = TransportSettings().max_requests_in_flight  # the default (tests use it)
+IDLE_CHECKS = 4  # the idle sweep runs this many times per idle_timeout (at most every 5 s)
 CLOSE_SETTLE = 0.05  # seconds server.close() lets nearly finished handlers finish
 CLOSE_FLUSH = 1.0  # seconds server.close() lets written responses drain before aborting
 
@@ -74,13 +83,16 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         self._transport: asyncio.Transport | None = None
         self._writer: WriteCoalescer | None = None
         self._closed = False
+        self._refused = False
         self._tasks: set[asyncio.Task] = set()
-        self._write_paused = False
         self._reading_paused = False
-        self._resumed: asyncio.Future | None = None
         self._loop = asyncio.get_running_loop()
         self._last_data = 0.0
+        self.last_activity = self._loop.time()  # when bytes last arrived (the idle check reads it)
         self._timer: asyncio.TimerHandle | None = None
+        self._admission: RequestAdmission[wire.Frame] = RequestAdmission(
+            server.settings.max_connection_bytes, server.settings.max_requests_in_flight,
+            self._start, self._unsent, self._update_reading)
         self.reader = FrameReader(self._max_frame, self._on_frame, self._on_oversized,
                                   self._on_bad_frame, self._on_fatal)
 
@@ -89,6 +101,11 @@ class TcpServerConnection(asyncio.BufferedProtocol):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def idle(self) -> bool:
+        """Nothing being handled or waiting for this connection (a held pull is being handled)."""
+        return not self._tasks and not self._admission.blocked
 
     def push(self, frame: wire.Frame) -> None:
         """Send an unsolicited frame (FLAG_PUSH is set here). Dropped if the connection is gone;
@@ -117,32 +134,58 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
+        limit = self._server.settings.max_connections
+        if len(self._server._connections) >= limit:
+            self._refuse(limit)
+            return
+        # pause_writing above half the budget; resume_writing (below a quarter) retries the
+        # requests that wait (equeue_core.admission)
+        budget = self._server.settings.max_connection_bytes
+        transport.set_write_buffer_limits(high=max(1, budget // 2), low=budget // 4)  # type: ignore[attr-defined]
         self._server._connections[self.id] = self
+
+    def _refuse(self, limit: int) -> None:
+        """Over the connection limit: one error frame (request id 0), then close."""
+        self._refused = self._closed = True
+        err = TooManyConnectionsError(f"the broker has reached its limit of {limit} connections",
+                                      limit=limit)
+        log.warning("refusing the connection from %s: %s", self.peer, err)
+        refusal = wire.Frame(0, 0, 0).error_response(err.code, str(err), **_plain(err.details))
+        assert self._transport is not None and self._writer is not None
+        self._writer.write(wire.encode(refusal))
+        self._writer.flush()
+        self._transport.close()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.reader.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.last_activity = self._loop.time()
+        if self._refused:
+            return
         self.reader.feed(nbytes)
         if self.reader.partial:
-            self._last_data = self._loop.time()
+            self._last_data = self.last_activity
             if self._timer is None:
                 self._timer = self._loop.call_at(self._last_data + self._read_timeout, self._check_stalled)
+        if self._admission.blocked and not self._reading_paused and not self._closed:
+            self._reading_paused = True  # requests wait: leave the rest in the peer's socket
+            assert self._transport is not None
+            self._transport.pause_reading()
 
     def eof_received(self) -> bool:
         return False  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._closed:
-            return
+            return  # (a refused connection is closed from the start: the handler never saw it)
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._admission.clear()
         for task in self._tasks:
             task.cancel()
-        if self._resumed is not None and not self._resumed.done():
-            self._resumed.set_result(None)
         self._server._connections.pop(self.id, None)
         try:
             self._handler.connection_lost(self)
@@ -150,47 +193,42 @@ class TcpServerConnection(asyncio.BufferedProtocol):
             log.exception("handler.connection_lost failed for connection %s", self.id)
 
     def pause_writing(self) -> None:
-        # The peer is not reading its responses: stop reading its requests until it catches up.
-        self._write_paused = True
-        self._update_reading()
+        pass  # the admission reads the write buffer's size itself
 
     def resume_writing(self) -> None:
-        self._write_paused = False
-        self._update_reading()
-        if self._resumed is not None and not self._resumed.done():
-            self._resumed.set_result(None)
-        self._resumed = None
+        # The peer caught up with its responses: start what waits (then read again).
+        if not self._closed:
+            self._admission.retry()
 
     def _update_reading(self) -> None:
-        """Read only while the peer reads our answers and has fewer than MAX_IN_FLIGHT requests
-        being handled: a flooding client waits in its own socket buffer, not in our memory."""
-        if self._transport is None or self._closed:
-            return
-        stop = self._write_paused or len(self._tasks) >= MAX_IN_FLIGHT
-        if stop and not self._reading_paused:
-            self._reading_paused = True
-            self._transport.pause_reading()
-        elif not stop and self._reading_paused and len(self._tasks) <= MAX_IN_FLIGHT // 2:
+        if self._reading_paused and not self._admission.blocked and not self._closed:
             self._reading_paused = False
+            assert self._transport is not None
             self._transport.resume_reading()
 
     # ------------------------------------------------------------ frames
 
+    def _unsent(self) -> int:
+        return self._writer.unsent() if self._writer is not None else 0
+
     def _on_frame(self, frame: wire.Frame) -> None:
         if self._closed:
             return
+        self._admission.offer(frame, wire.HEAD_SIZE + len(frame.body))
+
+    def _start(self, frame: wire.Frame) -> None:
         task = self._loop.create_task(self._serve(frame))
         self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        if len(self._tasks) >= MAX_IN_FLIGHT:
-            self._update_reading()
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if self._reading_paused:
-            self._update_reading()
+        task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, request: wire.Frame) -> None:
+        try:
+            await self._answer(request)
+        finally:
+            self._admission.finished(wire.HEAD_SIZE + len(request.body))
+            self.last_activity = self._loop.time()  # idle time counts from the last answer too
+
+    async def _answer(self, request: wire.Frame) -> None:
         try:
             response = await self._handler.handle(self, request)
         except asyncio.CancelledError:
@@ -208,14 +246,10 @@ class TcpServerConnection(asyncio.BufferedProtocol):
             buffers = wire.encode(response, self._max_frame)
         except FrameTooLargeError as e:
             buffers = wire.encode(request.error_response(e.code, str(e), **_plain(e.details)))
-        if self._write_paused:
-            if self._resumed is None:
-                self._resumed = self._loop.create_future()
-            await self._resumed
-            if self._closed:
-                return
         assert self._writer is not None
-        self._writer.write(buffers)
+        self._admission.responded(self._writer.write(buffers))
+        if self._admission.blocked:  # look again once this iteration's writes have left
+            self._loop.call_soon(self._admission.retry)
 
     def _on_oversized(self, head: Head, err: FrameTooLargeError) -> None:
         if not head[4] & wire.FLAG_ONEWAY:
@@ -265,6 +299,7 @@ class TcpServer:
         self._connections: dict[int, TcpServerConnection] = {}
         self._next_id = 0
         self._server: asyncio.base_events.Server | None = None
+        self._idle_task: asyncio.Task | None = None
 
     @property
     def connections(self) -> Mapping[int, TcpServerConnection]:
@@ -287,6 +322,20 @@ class TcpServer:
             raise
         bound = sock.getsockname()
         self.address = (bound[0], bound[1])
+        if self.settings.idle_timeout > 0:
+            self._idle_task = loop.create_task(self._close_idle_forever(self.settings.idle_timeout))
+
+    async def _close_idle_forever(self, timeout: float) -> None:
+        """Close connections idle for `timeout` seconds (nothing received, nothing being handled)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(timeout / IDLE_CHECKS, 5.0))
+            now = loop.time()
+            for conn in list(self._connections.values()):
+                if conn.idle and now - conn.last_activity >= timeout:
+                    log.info("closing connection %s from %s: idle for %.1fs", conn.id, conn.peer,
+                             now - conn.last_activity)
+                    conn.close()
 
     def _new_connection(self) -> TcpServerConnection:
         self._next_id += 1
@@ -300,6 +349,9 @@ class TcpServer:
         CLOSE_SETTLE seconds, responses already written are flushed (up to CLOSE_FLUSH seconds
         for a peer that does not read); then whatever remains is aborted and its tasks cancelled.
         """
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+            self._idle_task = None
         if self._server is not None:
             self._server.close()
         conns = list(self._connections.values())

@@ -150,6 +150,10 @@ class FrameBatcher:
             self._scheduled = True
             self._loop.call_soon(self.flush)
 
+    def pending_bytes(self, identity: bytes | None) -> int:
+        """Bytes written for `identity` in this iteration, not yet handed to the socket."""
+        return self._sizes.get(identity, 0)
+
     def flush(self) -> None:
         self._scheduled = False
         pending, self._pending, self._sizes = self._pending, {}, {}

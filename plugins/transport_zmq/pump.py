@@ -13,6 +13,9 @@ What it guarantees:
 - `send` never blocks: it sends now or queues in order (ZeroMQ said EAGAIN: the peer's queue is
   full, or with ZMQ_IMMEDIATE there is no connection yet). Queued sends go out in order as soon as
   the socket accepts them; a queued send whose Future was cancelled is skipped.
+- `try_send` sends now or says EAGAIN and leaves the message with the caller, who keeps its own
+  queues (the ROUTER server keeps one per peer) and is called back through `on_writable` on every
+  wake-up, retries included, until it reports nothing left.
 - After `close()` nothing is called and the FD is no longer watched (close the socket after).
 """
 
@@ -35,10 +38,14 @@ class SocketPump:
     """Reads and writes one ZeroMQ socket on the running loop (see the module docstring)."""
 
     def __init__(self, sock: zmq.Socket, on_message: Callable[[list[zmq.Frame]], None],
-                 before_batch: Callable[[], None] | None = None) -> None:
+                 before_batch: Callable[[], None] | None = None,
+                 on_writable: Callable[[], bool] | None = None) -> None:
         self.sock = sock
         self.on_message = on_message
         self.before_batch = before_batch
+        # Called on every wake-up (socket events and retries) to send what the owner queued
+        # itself; returns True while something is still queued (then retries are armed).
+        self.on_writable = on_writable
         self.loop = asyncio.get_running_loop()
         self._fd = sock.getsockopt(zmq.FD)
         self._outbox: deque[tuple[list, bool, asyncio.Future]] = deque()
@@ -71,6 +78,23 @@ class SocketPump:
         self._arm_retry()
         self._check_in()
         return fut
+
+    def try_send(self, parts: list, copy: bool = True) -> bool:
+        """Send now if ZeroMQ takes it: True if sent, False on EAGAIN (full peer queue; the
+        caller keeps the message and is called back through `on_writable`). Other ZMQErrors
+        are raised."""
+        try:
+            self.sock.send_multipart(parts, zmq.NOBLOCK, copy=copy)
+        except zmq.Again:
+            self.arm_retry()
+            return False
+        finally:
+            self._check_in()
+        return True
+
+    def arm_retry(self) -> None:
+        """Wake up again in RETRY seconds (a full peer queue gives no event when it drains)."""
+        self._arm_retry()
 
     def close(self) -> None:
         """Stop watching the socket; queued sends are cancelled."""
@@ -120,6 +144,8 @@ class SocketPump:
         sock = self.sock
         if self._outbox:
             self._flush()
+        if self.on_writable is not None and self.on_writable():
+            self._arm_retry()
         for _ in range(BATCH):
             try:
                 msg = sock.recv_multipart(zmq.NOBLOCK, copy=False)

@@ -25,7 +25,8 @@ def free_port() -> int:
 class BrokerProcess:
     def __init__(self, data_dir: Path, store: str = "file", transport: str = "tcp", flush: str = "async",
                  port: int | None = None, env: dict[str, str] | None = None, config: str | None = None,
-                 metrics_port: int | None = 0, extra_args: Sequence[str] = ()) -> None:
+                 metrics_port: int | None = 0, extra_args: Sequence[str] = (),
+                 prefix: list[str] | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.store = store
         self.transport = transport
@@ -39,6 +40,7 @@ class BrokerProcess:
         # port (None leaves it to the config file / environment).
         self.metrics_port = metrics_port
         self.extra_args = list(extra_args)  # e.g. ["--nameserver", "127.0.0.1:9876", "--name", "broker-a"]
+        self.prefix = list(prefix or [])  # a command the broker runs under (e.g. strace)
         self.proc: subprocess.Popen | None = None
         self.log_path = self.data_dir.parent / f"broker-{self.data_dir.name}-{self.port}.log"
 
@@ -47,7 +49,7 @@ class BrokerProcess:
         return f"{self.transport}://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "equeue_core.cli.main", "broker", "--data-dir", str(self.data_dir),
+        cmd = [*self.prefix, sys.executable, "-m", "equeue_core.cli.main", "broker", "--data-dir", str(self.data_dir),
                "--host", "127.0.0.1", "--port", str(self.port), "--store", self.store,
                "--transport", self.transport, "--flush", self.flush]
         if self.config:

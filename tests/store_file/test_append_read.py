@@ -226,6 +226,23 @@ def test_ring_slot_holding_a_newer_lap_is_not_served() -> None:
     assert ring.read(0, 4 * RING_PAGE) is None  # more than the ring can vouch for
 
 
+def test_ring_first_write_inside_a_page_does_not_vouch_for_the_bytes_before_it() -> None:
+    """After a restart the ring is empty and the first append starts mid-page: the records before
+    it in that page were recovered from disk, never written to the ring, and must not be served
+    from it (they were served as zeros: a new consumer group stalled after a kill -9 restart)."""
+    from equeue_plugins.store_file.constants import RING_PAGE
+    from equeue_plugins.store_file.ring import Ring
+
+    ring = Ring(4 * RING_PAGE)
+    restart_at = 5 * RING_PAGE + 1000  # the recovered log ends here
+    ring.write(restart_at, b"x" * 100)
+    assert ring.read(5 * RING_PAGE + 10, 5 * RING_PAGE + 20) is None  # before the restart: not held
+    assert ring.read(restart_at, restart_at + 100) is None  # its page is not whole: from the chunk
+    ring.write(restart_at + 100, b"y" * RING_PAGE)  # completes page 5, fills the start of page 6
+    assert ring.read(5 * RING_PAGE + 10, 5 * RING_PAGE + 20) is None
+    assert ring.read(6 * RING_PAGE, 6 * RING_PAGE + 10) == b"y" * 10  # a page written from its start
+
+
 def test_reads_on_other_threads_never_see_a_torn_record_while_appending(tmp_path) -> None:
     import threading
 

@@ -445,3 +445,79 @@ def test_close_delivers_what_was_already_sent(name: str, loop: str) -> None:
             await other.close()
             await server.close()
     run(loop, main)
+
+
+# ---------------------------------------------------------------- limits per server
+
+def _refused(reply_or_error: object) -> bool:
+    """A refusal reaches the caller as TooManyConnectionsError, raised by the transport (TCP: the
+    error frame before the close) or carried by the error response (ZeroMQ)."""
+    from equeue_core.client.connection import raise_for_error
+    from equeue_core.errors import TooManyConnectionsError
+
+    if isinstance(reply_or_error, TooManyConnectionsError):
+        return "limit of 2 connections" in str(reply_or_error)
+    if isinstance(reply_or_error, Frame):
+        try:
+            raise_for_error(reply_or_error)
+        except TooManyConnectionsError as e:
+            return "limit of 2 connections" in str(e)
+    return False
+
+
+def test_connection_over_the_limit_is_refused_with_a_clear_error_and_the_others_keep_working(
+        name: str, loop: str) -> None:
+    from equeue_core.errors import TooManyConnectionsError
+
+    async def main() -> None:
+        t = transport(name)
+        handler = ScriptedHandler()
+        server = await t.serve(HOST, 0, handler, settings(max_connections=2))
+        clients = [await t.connect(HOST, server.address[1], settings()) for _ in range(3)]
+        try:
+            for c in clients[:2]:
+                assert bytes((await c.request(Frame(ECHO, body=b"in"), 5)).body) == b"in"
+            try:
+                outcome: object = await clients[2].request(Frame(ECHO, body=b"third"), 5)
+            except TooManyConnectionsError as e:
+                outcome = e
+            assert _refused(outcome), outcome
+            assert b"third" not in [bytes(f.body) for f in handler.requests]  # never handled
+            for c in clients[:2]:  # the two admitted ones are untouched
+                assert bytes((await c.request(Frame(ECHO, body=b"still"), 5)).body) == b"still"
+            assert len(server.connections) == 2
+        finally:
+            for c in clients:
+                await c.close()
+            await server.close()
+    run(loop, main)
+
+
+def test_idle_connection_is_closed_after_idle_timeout_but_one_with_a_held_request_is_not(
+        name: str, loop: str) -> None:
+    async def main() -> None:
+        t = transport(name)
+        handler = ScriptedHandler()
+        server = await t.serve(HOST, 0, handler, settings(idle_timeout=0.5))
+        idle = await t.connect(HOST, server.address[1], settings())
+        busy = await t.connect(HOST, server.address[1], settings())
+        try:
+            await idle.request(Frame(ECHO), 5)
+            idle_ids = set(handler.connections)
+            held = asyncio.ensure_future(busy.request(Frame(HOLD), 30))
+            await wait_until(lambda: handler.holding == 1, what="the held request")
+            busy_ids = set(handler.connections) - idle_ids
+            await wait_until(lambda: len(handler.lost) >= 1, timeout=15, what="the idle connection closed")
+            await asyncio.sleep(1.5)  # three idle timeouts more: the one with a held request stays
+            assert {c.id for c in handler.lost} == idle_ids
+            assert busy_ids <= set(server.connections)
+            handler.release.set()
+            assert (await held).header == {"released": True}
+            # the closed client's next request just works (it reconnects)
+            assert bytes((await idle.request(Frame(ECHO, body=b"back"), 10)).body) == b"back"
+        finally:
+            handler.release.set()
+            await idle.close()
+            await busy.close()
+            await server.close()
+    run(loop, main)
