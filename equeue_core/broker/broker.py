@@ -1,7 +1,7 @@
 """The broker: wires config to plugins and serves requests over the chosen transport.
 
-It owns no storage and no sockets: the message store, queue index, offset store and transport
-all come from plugins picked by name. Everything runs on one asyncio loop; the store's single
+It owns no storage and no sockets: the store engine (message store, queue index, offsets,
+metadata) and the transport come from plugins picked by name. Everything runs on one asyncio loop; the store's single
 writer is that loop's thread, and fsyncs happen on the store's flusher thread.
 """
 
@@ -77,11 +77,11 @@ class Broker:
         settings = StoreSettings(data_dir=cfg.data_dir, flush=cfg.flush,
                                  flush_interval_ms=cfg.flush_interval_ms,
                                  options=cfg.store_settings_options())
-        index = self.plugins.queue_index(cfg.store)(settings)
-        self.store = self.plugins.message_store(cfg.store)(settings, index)
-        self.recovery = self.store.open()
-        self.offsets = self.plugins.offset_store(cfg.store)(settings)
-        self.topics = TopicRegistry(self.offsets, cfg.default_queues, cfg.auto_create_topics)
+        self.engine = self.plugins.store_engine(cfg.store)(settings)  # recovers; takes the writer lock
+        self.recovery = self.engine.recovery
+        self.store = self.engine.messages
+        self.offsets = self.engine.offsets
+        self.topics = TopicRegistry(self.engine.topics, cfg.default_queues, cfg.auto_create_topics)
         for topic, queues in self.store.queues().items():  # topics written before metadata was
             if topic not in self.topics.topics:
                 self.topics.topics[topic] = max(queues) + 1
@@ -131,9 +131,7 @@ class Broker:
         self.hold.wake_all()
         if self._server is not None:
             await self._server.close()
-        self.offsets.persist()
-        self.offsets.close()
-        self.store.close()
+        self.engine.close()  # persists offsets, flushes, releases the writer lock
 
     # ------------------------------------------------------------------ transport callbacks
 

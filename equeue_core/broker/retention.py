@@ -17,7 +17,7 @@ import shutil
 from typing import TYPE_CHECKING
 
 from equeue_core import record
-from equeue_core.broker.topics import DLQ_PREFIX
+from equeue_core.broker.topics import DLQ_PREFIX, SCHEDULE_TOPIC
 from equeue_core.errors import EQueueError
 
 if TYPE_CHECKING:
@@ -67,6 +67,8 @@ class RetentionCleaner:
         committed: dict[tuple[str, int], list[int]] = {}
         for (_group, topic, q), off in self.broker.offsets.all().items():
             committed.setdefault((topic, q), []).append(off)
+        for q, off in self.broker.scheduler.progress().items():  # the scheduler consumes its topic
+            committed.setdefault((SCHEDULE_TOPIC, q), []).append(off)
         bound = INFINITE
         for topic, queues in store.queues().items():
             if topic.startswith(DLQ_PREFIX):

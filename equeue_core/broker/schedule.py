@@ -4,7 +4,8 @@ A delayed message is stored first in the system topic %SCHEDULE% (queue = delay 
 last queue holds absolute deliver-at times) with its real topic, queue and due time in properties.
 The scheduler keeps a heap of pending (due, queue, offset) loaded from each schedule queue's
 progress offset, and when one is due it copies the message to its real topic. Progress (the
-smallest undelivered offset) and the delivered offsets above it are persisted, so a restart
+smallest undelivered offset) and the delivered offsets above it are persisted (the store engine's
+SchedulerProgress part), so a restart
 neither loses a message nor delivers one twice (a crash between delivery and persist may
 deliver once more: at least once).
 
@@ -17,14 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import json
 import logging
 from typing import TYPE_CHECKING
 
 from equeue_core import msgid, record
 from equeue_core.broker.topics import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC
 from equeue_core.codes import Code
-from equeue_core.contracts import AppendResult, ServerConnection
+from equeue_core.contracts import AppendResult, ScheduleQueueProgress, ServerConnection
 from equeue_core.errors import InvalidMessageError, ProtocolError
 from equeue_core.frame import Frame
 
@@ -38,8 +38,6 @@ PROP_REAL_QUEUE = "REAL_QUEUE"
 PROP_DELIVER_AT = "DELIVER_AT"
 PROP_RETRY_TOPIC = "RETRY_TOPIC"  # the original topic of a message in a retry or DLQ topic
 PROP_ORIGIN_MSG_ID = "ORIGIN_MSG_ID"
-SCHEDULE_GROUP = "%SCHEDULE%"
-META_DELIVERED = "schedule_delivered"
 FIRST_RETRY_LEVEL = 3
 MAX_DELIVERY_ROUND = 10_000  # due messages copied per loop turn, so one turn never hogs the loop
 _INTERNAL = (PROP_REAL_TOPIC, PROP_REAL_QUEUE, PROP_DELIVER_AT)
@@ -54,6 +52,7 @@ class Scheduler:
         self._heap: list[tuple[int, int, int, int]] = []  # (due ms, queue, offset, position)
         self._pending: dict[int, set[int]] = {}
         self._delivered: dict[int, set[int]] = {}
+        self._next_offsets: dict[int, int] = {}  # per schedule queue: smallest undelivered offset
         self._wake = asyncio.Event()
         if broker.topics.topics.get(SCHEDULE_TOPIC, 0) < self.queue_count:
             broker.topics.create(SCHEDULE_TOPIC, self.queue_count, system=True)
@@ -65,14 +64,14 @@ class Scheduler:
     # ---------------------------------------------------------------- state
 
     def _load(self) -> None:
-        store, offsets = self.broker.store, self.broker.offsets
-        raw = offsets.get_meta(META_DELIVERED)
-        delivered = {int(k): set(v) for k, v in json.loads(raw).items()} if raw else {}
+        store = self.broker.store
+        saved = self.broker.engine.schedule.load()
         for q in range(self.queue_count):
             lo, hi = store.queue_range(SCHEDULE_TOPIC, q)
-            progress = offsets.get(SCHEDULE_GROUP, SCHEDULE_TOPIC, q)
-            off = max(lo, progress if progress is not None else lo)
-            done = {o for o in delivered.get(q, ()) if o >= off}
+            progress = saved.get(q)
+            off = max(lo, progress.next_offset if progress is not None else lo)
+            done = {o for o in progress.delivered if o >= off} if progress is not None else set()
+            self._next_offsets[q] = off
             self._delivered[q] = done
             self._pending[q] = set()
             while off < hi:
@@ -91,16 +90,19 @@ class Scheduler:
         heapq.heappush(self._heap, (due, q, offset, position))
         self._pending[q].add(offset)
 
-    def _progress(self, queues: set[int]) -> bytes:
-        """Commit each touched schedule queue's progress (smallest undelivered offset) and return
-        the delivered-above-progress document to persist."""
-        offsets = self.broker.offsets
+    def _progress(self, queues: set[int]) -> dict[int, ScheduleQueueProgress]:
+        """Move each touched schedule queue's progress (smallest undelivered offset) and return
+        every queue's progress, to save."""
         for q in queues:
             pending = self._pending[q]
             progress = min(pending) if pending else self.broker.store.queue_range(SCHEDULE_TOPIC, q)[1]
-            offsets.commit(SCHEDULE_GROUP, SCHEDULE_TOPIC, q, progress)
+            self._next_offsets[q] = progress
             self._delivered[q] = {o for o in self._delivered[q] if o >= progress}
-        return json.dumps({str(q): sorted(v) for q, v in self._delivered.items() if v}).encode()
+        return {q: ScheduleQueueProgress(n, frozenset(self._delivered.get(q, ()))) for q, n in self._next_offsets.items()}
+
+    def progress(self) -> dict[int, int]:
+        """Each schedule queue's smallest undelivered offset as last saved (retention keeps the rest)."""
+        return dict(self._next_offsets)
 
     @property
     def pending(self) -> int:
@@ -166,7 +168,7 @@ class Scheduler:
                     # and the fsync of the progress file runs off the event loop.
                     if last is not None:
                         await self.broker.durable(last)
-                    await asyncio.to_thread(self.broker.offsets.put_meta, META_DELIVERED, self._progress(touched))
+                    await asyncio.to_thread(self.broker.engine.schedule.save, self._progress(touched))
             except Exception:
                 log.exception("delivering delayed messages failed; retrying in 1 s")
                 await asyncio.sleep(1)

@@ -1,11 +1,10 @@
-"""Topic metadata: names, queue counts, persisted through the offset store's metadata."""
+"""Topic metadata: names, queue counts, persisted through the store engine's TopicDefinitions."""
 
 from __future__ import annotations
 
-import json
 import re
 
-from equeue_core.contracts import OffsetStore
+from equeue_core.contracts import TopicDefinitions
 from equeue_core.errors import InvalidTopicError, QueueNotFoundError, TopicNotFoundError
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.%-]{1,127}$")
@@ -13,7 +12,7 @@ RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 SCHEDULE_TOPIC = "%SCHEDULE%"
 SYSTEM_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX, SCHEDULE_TOPIC)
-META_KEY = "topics"
+MAX_QUEUES = 1024
 
 
 def check_topic_name(topic: object, allow_system: bool = False) -> str:
@@ -27,21 +26,20 @@ def check_topic_name(topic: object, allow_system: bool = False) -> str:
 class TopicRegistry:
     """name -> queue count. Changes are persisted before they are acknowledged."""
 
-    def __init__(self, offsets: OffsetStore, default_queues: int, auto_create: bool) -> None:
-        self._offsets = offsets
+    def __init__(self, definitions: TopicDefinitions, default_queues: int, auto_create: bool) -> None:
+        self._definitions = definitions
         self.default_queues = default_queues
         self.auto_create = auto_create
-        raw = offsets.get_meta(META_KEY)
-        self.topics: dict[str, int] = json.loads(raw) if raw else {}
+        self.topics: dict[str, int] = definitions.load()
 
     def _save(self) -> None:
-        self._offsets.put_meta(META_KEY, json.dumps(self.topics, sort_keys=True).encode())
+        self._definitions.save(self.topics)
 
     def create(self, topic: str, queues: int | None = None, system: bool = False) -> int:
         check_topic_name(topic, allow_system=system)
         n = self.default_queues if queues is None else int(queues)
-        if not 1 <= n <= 1024:
-            raise InvalidTopicError(f"queue count must be 1..1024, not {n}")
+        if not 1 <= n <= MAX_QUEUES:
+            raise InvalidTopicError(f"queue count must be 1..{MAX_QUEUES}, not {n}")
         if self.topics.get(topic) != n:
             self.topics[topic] = max(n, self.topics.get(topic, 0))
             self._save()
