@@ -19,6 +19,7 @@ from equeue_core import frame as framing
 from equeue_core import msgid, record
 from equeue_core.broker.groups import GroupRegistry
 from equeue_core.broker.long_poll import PullHold
+from equeue_core.broker.offset_commits import checked_entries
 from equeue_core.broker.retention import RetentionCleaner
 from equeue_core.broker.schedule import Scheduler
 from equeue_core.broker.topics import DLQ_PREFIX, RETRY_PREFIX, TopicRegistry, check_topic_name
@@ -267,14 +268,9 @@ class Broker:
 
     async def on_commit_offsets(self, conn: ServerConnection, frame: Frame) -> Frame | None:
         group = _str(frame.header, "group")
-        entries = frame.header.get("offsets")
-        if not isinstance(entries, list):
-            raise ProtocolError("offsets must be a list of [topic, queue_id, offset]")
-        for entry in entries:
-            if (not isinstance(entry, list) or len(entry) != 3 or not isinstance(entry[0], str)
-                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in entry[1:])):
-                raise ProtocolError("offsets must be a list of [topic, queue_id, offset]")
-            self.offsets.commit(group, entry[0], entry[1], entry[2])
+        # all or nothing: one bad entry refuses the request before any of it is committed
+        for topic, queue_id, offset in checked_entries(group, frame.header.get("offsets")):
+            self.offsets.commit(group, topic, queue_id, offset)
         return None if frame.is_oneway else frame.response({})
 
     async def on_query_offset(self, conn: ServerConnection, frame: Frame) -> Frame:
