@@ -140,7 +140,7 @@ class Child:
     @classmethod
     def start(cls, script: str, *args: str) -> Child:
         proc = subprocess.Popen([sys.executable, os.path.join(HERE, script), *args],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         return cls(proc)
 
     def read_until(self, predicate: Any, timeout: float) -> bool:
