@@ -1,7 +1,7 @@
 """Subprocess for test_single_writer: opens the store engine on a data dir as a broker would.
 
 On success it appends `count` records to queue 0 of topic `topic`, flushes, prints "writing
-<pid>" and holds the engine until stdin closes (then closes it cleanly and prints "closed").
+<pid> <its clock in ms>" and holds the engine until stdin closes (then closes it cleanly and prints "closed").
 If the engine cannot be opened it prints "refused <ErrorClass> <message>" and exits with 3.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,7 +26,7 @@ def main(name: str, data_dir: str, topic: str, count: int) -> int:
         return 3
     append(h, topic, 0, count)
     h.store.flush()
-    print(f"writing {os.getpid()}", flush=True)
+    print(f"writing {os.getpid()} {time.time_ns() // 1_000_000}", flush=True)
     sys.stdin.read()  # until the test closes our stdin (or kills us)
     h.close()
     print("closed", flush=True)

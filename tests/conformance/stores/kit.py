@@ -138,8 +138,9 @@ class Child:
     _partial: bytes = b""
 
     @classmethod
-    def start(cls, script: str, *args: str) -> Child:
-        proc = subprocess.Popen([sys.executable, os.path.join(HERE, script), *args],
+    def start(cls, script: str, *args: str, prefix: tuple[str, ...] = ()) -> Child:
+        """Run script with args; `prefix` is a command to run it under (e.g. faketime)."""
+        proc = subprocess.Popen([*prefix, sys.executable, os.path.join(HERE, script), *args],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         return cls(proc)
 
