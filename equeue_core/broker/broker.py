@@ -1,8 +1,9 @@
 """The broker: wires config to plugins and serves requests over the chosen transport.
 
 It owns no storage and no sockets: the store engine (message store, queue index, offsets,
-metadata) and the transport come from plugins picked by name. Everything runs on one asyncio loop; the store's single
-writer is that loop's thread, and fsyncs happen on the store's flusher thread.
+metadata) and the transport come from plugins picked by name. Everything runs on one asyncio
+loop; the store's single writer is that loop's thread, and fsyncs happen on the store's flusher
+thread.
 """
 
 from __future__ import annotations

@@ -4,10 +4,9 @@ A delayed message is stored first in the system topic %SCHEDULE% (queue = delay 
 last queue holds absolute deliver-at times) with its real topic, queue and due time in properties.
 The scheduler keeps a heap of pending (due, queue, offset) loaded from each schedule queue's
 progress offset, and when one is due it copies the message to its real topic. Progress (the
-smallest undelivered offset) and the delivered offsets above it are persisted (the store engine's
-SchedulerProgress part), so a restart
-neither loses a message nor delivers one twice (a crash between delivery and persist may
-deliver once more: at least once).
+smallest undelivered offset) and the delivered offsets above it are persisted (the store
+engine's SchedulerProgress part), so a restart neither loses a message nor delivers one twice (a
+crash between delivery and persist may deliver once more: at least once).
 
 A consumer sends back a failed message: it goes to %RETRY%<group> through the same schedule
 with the delay of its reconsume count (first retry at level 3), or to %DLQ%<group> once it has
@@ -98,7 +97,8 @@ class Scheduler:
             progress = min(pending) if pending else self.broker.store.queue_range(SCHEDULE_TOPIC, q)[1]
             self._next_offsets[q] = progress
             self._delivered[q] = {o for o in self._delivered[q] if o >= progress}
-        return {q: ScheduleQueueProgress(n, frozenset(self._delivered.get(q, ()))) for q, n in self._next_offsets.items()}
+        return {q: ScheduleQueueProgress(n, frozenset(self._delivered.get(q, ())))
+                for q, n in self._next_offsets.items()}
 
     def progress(self) -> dict[int, int]:
         """Each schedule queue's smallest undelivered offset as last saved (retention keeps the rest)."""

@@ -64,7 +64,8 @@ def _int_option(options: dict, name: str, default: int) -> int:
 class FileMessageStore:
     """See the module docstring. One writer thread calls append(); reads may come from any thread."""
 
-    def __init__(self, settings: StoreSettings, index: FileQueueIndex, writer_lock: WriterLock | None = None) -> None:
+    def __init__(self, settings: StoreSettings, index: FileQueueIndex,
+                 writer_lock: WriterLock | None = None) -> None:
         """`writer_lock`: the data directory's lock if the caller (FileEngine) already holds it;
         otherwise open() takes it. Either way the store releases it when closed."""
         self.settings = settings
