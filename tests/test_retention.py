@@ -106,25 +106,31 @@ def test_lmdb_disk_relief_releases_once_not_on_every_check(tmp_path):
     assert b.log_path.read_text().count("FULL (high-water mark") == 1
 
 
+async def _broker_with_old_data(data_dir):
+    """An in-process broker (its retention timer off) holding 4 MB that retention may release."""
+    from equeue_core.broker.broker import Broker
+    from equeue_core.config import load
+    from tests.helpers.broker import free_port
+
+    broker = Broker(load(overrides={"data_dir": str(data_dir), "port": free_port(),
+                                    "retention_hours": 0, "retention_check_s": 3600,
+                                    "retention_policy": "time",
+                                    "store_options": {"file": {"chunk_size": 65536}}}))
+    await broker.start()
+    for _ in range(200):
+        batch = bytearray(b"".join(record.encode_record("old", b"x" * 2000) for _ in range(10)))
+        broker.append("old", 0, batch, record.scan(batch))
+    return broker
+
+
 def test_retention_round_runs_beside_the_event_loop(tmp_path):
     """A round's searches and deletes run on a worker thread: the broker's loop keeps running
     other tasks meanwhile (on main the round ran on the loop and nothing else could run)."""
     import asyncio
 
-    from equeue_core.broker.broker import Broker
-    from equeue_core.config import load
-    from tests.helpers.broker import free_port
-
     async def scenario() -> tuple[int, int]:
-        broker = Broker(load(overrides={"data_dir": str(tmp_path / "data"), "port": free_port(),
-                                        "retention_hours": 0, "retention_check_s": 3600,
-                                        "retention_policy": "time",
-                                        "store_options": {"file": {"chunk_size": 65536}}}))
-        await broker.start()
+        broker = await _broker_with_old_data(tmp_path / "data")
         try:
-            for _ in range(200):
-                batch = bytearray(b"".join(record.encode_record("old", b"x" * 2000) for _ in range(10)))
-                broker.append("old", 0, batch, record.scan(batch))
             ticks = 0
             running = True
 
@@ -146,3 +152,23 @@ def test_retention_round_runs_beside_the_event_loop(tmp_path):
     released, ticks_during_round = asyncio.run(scenario())
     assert released > 0, "the round had nothing to do: the test proves nothing"
     assert ticks_during_round > 0, "the event loop ran nothing while retention worked"
+
+
+def test_stopping_the_broker_waits_for_a_retention_round_in_its_thread(tmp_path):
+    """Cancelling a round (what Broker.stop does to its tasks) must not leave its thread deleting
+    in a store that is then closed: run_once returns only after the round ended."""
+    import asyncio
+
+    async def scenario() -> int:
+        broker = await _broker_with_old_data(tmp_path / "data")
+        try:
+            task = asyncio.create_task(broker.retention.run_once())
+            for _ in range(3):
+                await asyncio.sleep(0)  # the round is on its thread now
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return broker.retention.released  # counted at the end of the round
+        finally:
+            await broker.stop()
+
+    assert asyncio.run(scenario()) > 0, "the cancelled round was still running when run_once returned"

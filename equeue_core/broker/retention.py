@@ -174,8 +174,15 @@ class RetentionCleaner:
         return end
 
     async def run_once(self) -> int:
-        """One round on a worker thread (module docstring: why that is safe); the loop serves on."""
-        return await asyncio.to_thread(self.clean_once)
+        """One round on a worker thread (module docstring: why that is safe); the loop serves on.
+        Cancelled (the broker stopping), it still waits for the round to end: a thread must never
+        go on deleting in a store that is being closed."""
+        round_ = asyncio.ensure_future(asyncio.to_thread(self.clean_once))
+        try:
+            return await asyncio.shield(round_)
+        except asyncio.CancelledError:
+            await asyncio.wait({round_})
+            raise
 
     async def run_forever(self) -> None:
         while True:
