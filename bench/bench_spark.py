@@ -30,16 +30,13 @@ def _emit(**fields: Any) -> None:
 
 
 def write_store(store: str, data_dir: str, topic: str, n: int, body_size: int, queues: int) -> float:
-    """Append n messages through the store's MessageStore; returns seconds taken."""
+    """Append n messages through the store engine's MessageStore; returns seconds taken."""
     from equeue_core import record
     from equeue_core.contracts import StoreSettings
     from equeue_core.plugins import get_plugin_manager
 
-    pm = get_plugin_manager()
-    settings = StoreSettings(data_dir=data_dir)
-    index = pm.queue_index(store)(settings)
-    ms = pm.message_store(store)(settings, index)
-    ms.open()
+    engine = get_plugin_manager().store_engine(store)(StoreSettings(data_dir=data_dir))
+    ms = engine.messages
     t = time.perf_counter()
     per_queue = n // queues
     chunk = 2000
@@ -56,7 +53,7 @@ def write_store(store: str, data_dir: str, topic: str, n: int, body_size: int, q
                 ms.append(topic, q, batch, record.scan(batch))
         ms.flush()
     finally:
-        ms.close()
+        engine.close()
     return time.perf_counter() - t
 
 
@@ -151,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     from equeue_core.plugins import get_plugin_manager
 
     pm = get_plugin_manager()
-    installed = sorted(set(pm.names("equeue_store_readers")) & set(pm.names("equeue_message_stores")))
+    installed = sorted(set(pm.names("equeue_store_readers")) & set(pm.names("equeue_store_engines")))
     stores = args.stores.split(",") if args.stores else installed
     work = args.dir or tempfile.mkdtemp(prefix="bench_spark_")
     topic = "bench"

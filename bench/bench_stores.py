@@ -69,23 +69,20 @@ def template(body_bytes: int, count: int) -> tuple[bytes, list[int]]:
 
 
 def open_store(name: str, data_dir: str, flush: str = "async") -> tuple[Any, Any]:
-    pm = get_plugin_manager()
+    """(the store engine, its message store)."""
     settings = StoreSettings(data_dir=data_dir, flush=flush, flush_interval_ms=500)
-    index = pm.queue_index(name)(settings)
-    store = pm.message_store(name)(settings, index)
-    store.open()
-    return index, store
+    engine = get_plugin_manager().store_engine(name)(settings)
+    return engine, engine.messages
 
 
-def close(index: Any, store: Any) -> None:
-    store.close()
-    index.close()
+def close(engine: Any, store: Any) -> None:
+    engine.close()
 
 
 def append_run(name: str, data_dir: str, body_bytes: int, batch: int, records: int,
                flush: str = "async") -> dict[str, Any]:
     """Append `records` records in batches of `batch`; returns the rate (the close is not timed)."""
-    index, store = open_store(name, data_dir, flush)
+    engine, store = open_store(name, data_dir, flush)
     buf, starts = template(body_bytes, batch)
     rounds = max(1, records // batch)
     t0 = time.perf_counter()
@@ -94,7 +91,7 @@ def append_run(name: str, data_dir: str, body_bytes: int, batch: int, records: i
         if flush == "sync":
             store.wait_flushed(res.end_position).result(timeout=60)
     elapsed = time.perf_counter() - t0
-    close(index, store)
+    close(engine, store)
     n = rounds * batch
     return {"records": n, "seconds": round(elapsed, 4), "records_per_s": round(n / elapsed),
             "mb_per_s": round(n * len(buf) / batch / elapsed / 1e6, 2)}
@@ -113,7 +110,7 @@ def allocated_bytes(path: str) -> int:
 
 def fill_and_die(name: str, data_dir: str, records: int) -> None:
     """Child process: fill, report the append rate, flush, then SIGKILL itself (no clean close)."""
-    index, store = open_store(name, data_dir)
+    engine, store = open_store(name, data_dir)
     buf, starts = template(100, BATCH)
     t0 = time.perf_counter()
     for i in range(max(1, records // BATCH)):
@@ -136,7 +133,7 @@ def bench_store(name: str, root: str, records: int, random_reads: int, single: i
     emit(name, "append", {"record_bytes": 100, "batch": BATCH, **json.loads(child.stdout.decode().splitlines()[-1])})
 
     t0 = time.perf_counter()
-    index, store = open_store(name, data_dir)
+    engine, store = open_store(name, data_dir)
     emit(name, "recover_unclean", {"records": records, "seconds": round(time.perf_counter() - t0, 4)})
 
     per_queue = store.queue_range(TOPIC, 0)[1]
@@ -161,15 +158,15 @@ def bench_store(name: str, root: str, records: int, random_reads: int, single: i
     elapsed = time.perf_counter() - t0
     emit(name, "read_sequential", {"records": n, "seconds": round(elapsed, 4), "records_per_s": round(n / elapsed)})
 
-    close(index, store)
+    close(engine, store)
     on_disk = allocated_bytes(data_dir)
     emit(name, "disk", {"records": n, "bytes": on_disk, "bytes_per_record": round(on_disk / max(1, n), 1),
                         "record_bytes_stored": round(len(template(100, BATCH)[0]) / BATCH, 1)})
 
     t0 = time.perf_counter()
-    index, store = open_store(name, data_dir)
+    engine, store = open_store(name, data_dir)
     emit(name, "reopen_clean", {"records": n, "seconds": round(time.perf_counter() - t0, 4)})
-    close(index, store)
+    close(engine, store)
     shutil.rmtree(data_dir, ignore_errors=True)
 
     runs = [(1024, BATCH, records, "async", "append"), (100, 1, single, "async", "append"),
@@ -261,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         name, data_dir, n = args.fill_child
         fill_and_die(name, data_dir, int(n))
         return
-    stores = [s for s in args.stores.split(",") if s] or get_plugin_manager().names("equeue_message_stores")
+    stores = [s for s in args.stores.split(",") if s] or get_plugin_manager().names("equeue_store_engines")
     root = tempfile.mkdtemp(prefix="equeue-bench-stores-", dir=args.dir)
     results: list[dict[str, Any]] = []
 

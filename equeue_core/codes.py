@@ -15,7 +15,7 @@ class Code(IntEnum):
     # consumer
     PULL = 10            # {group, topic, queue_id, offset, max_count, tags?, hold_ms, strict?}
                          #   -> {status, next_offset, min_offset, max_offset, count} + body: records
-    COMMIT_OFFSETS = 11  # {group, offsets: [[topic, queue_id, offset], ...]} -> {}
+    COMMIT_OFFSETS = 11  # {group, offsets: [[topic, queue_id, offset], ...]} -> {}; all or nothing
     QUERY_OFFSET = 12    # {group, topic, queue_id} -> {offset: int | None, min_offset, max_offset}
     HEARTBEAT = 13       # {client_id, group, mode, subscriptions} -> {members}
     UNREGISTER = 14      # {client_id, group} -> {}

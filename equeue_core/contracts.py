@@ -7,7 +7,7 @@ tests/conformance/ are the executable version, and every built-in plugin passes 
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -80,8 +80,8 @@ class PullResult:
 class QueueIndex(Protocol):
     """(topic, queue id, queue offset) -> (position, size, tag hash), as packed record.INDEX_ENTRY.
 
-    Rebuildable from the message store, so it may lag the log after a crash; the message store
-    that owns it brings it up to date in `MessageStore.open`.
+    Rebuildable from the message store, so it may lag the log after a crash; the engine brings it
+    up to date when it opens. The engine opens and closes it together with its other parts.
     """
 
     def add(self, topic: str, queue_id: int, first_offset: int, entries: bytes | bytearray) -> None: ...
@@ -89,22 +89,20 @@ class QueueIndex(Protocol):
     def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]: ...
     def queues(self) -> dict[str, list[int]]: ...
     def flush(self) -> None: ...
-    def close(self) -> None: ...
 
 
 @runtime_checkable
 class MessageStore(Protocol):
     """The broker's store of records. One writer (the broker's event loop thread) calls append;
-    reads may come from any thread. Nothing here may block the writer on an fsync: durability is
-    reported through wait_flushed."""
-
-    def open(self) -> RecoveryReport: ...
+    reads may come from any thread, and so may delete_before (see there). Nothing here may block
+    the writer on an fsync: durability is reported through wait_flushed."""
 
     def append(self, topic: str, queue_id: int, batch: bytearray, starts: Sequence[int]) -> AppendResult:
         """Store a batch for one queue. `batch` holds records laid out by record.py with crc,
         position, queue offset and store time zero; `starts` is record.scan(batch). The store
         assigns consecutive queue offsets and positions, stamps and seals them
-        (record.stamp_batch), writes the bytes once, and indexes them."""
+        (record.stamp_batch), writes the bytes once, and indexes them. Store times never go
+        backwards within a store, across restarts included."""
         ...
 
     def wait_flushed(self, end_position: int) -> concurrent.futures.Future:
@@ -131,40 +129,104 @@ class MessageStore(Protocol):
 
     def delete_before(self, position: int) -> int:
         """Retention: drop stored data wholly below position (at the store's granularity: whole
-        chunks for the file store); reads of it then raise OffsetOutOfRangeError. Returns the
-        number of bytes released."""
+        chunks for the file store); reads of it then raise OffsetOutOfRangeError and queue
+        minimums move past it. Returns the number of bytes released. The broker calls it from a
+        worker thread while the writer appends: the store makes that safe itself."""
+        ...
+
+    def reusable_bytes(self) -> int:
+        """Bytes inside the store's files that are free for its own reuse but not given back to
+        the file system (LMDB keeps freed pages in its file); 0 for a store whose deletes shrink
+        its files. The disk-relief check counts them as free."""
         ...
 
     def flush(self) -> None: ...
 
-    def close(self) -> None:
-        """Flush, leave a clean-shutdown mark, release files. The store owns the queue index it
-        was given and closes it too (the broker closes only the store and the offset store)."""
+
+@runtime_checkable
+class ConsumerOffsets(Protocol):
+    """Consumer offsets per (group, topic, queue): the next offset each group will consume.
+    Thread-safe: the broker commits on its event loop and persists (an fsync) on another thread.
+    commit raises InvalidOffsetError for a value the store cannot keep, and leaves every other
+    offset as it was; persist never drops a committed offset it can keep."""
+
+    def get(self, group: str, topic: str, queue_id: int) -> int | None: ...
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Remember the offset (in memory; durable after the next persist)."""
+        ...
+    def all(self) -> dict[tuple[str, str, int], int]: ...
+    def delete_group(self, group: str) -> None: ...
+    def persist(self) -> None:
+        """Make every committed offset durable, atomically."""
         ...
 
 
 @runtime_checkable
-class OffsetStore(Protocol):
-    """Consumer offsets per (group, topic, queue) and small broker metadata, persisted atomically.
-    Thread-safe: the broker commits on its event loop and persists (an fsync) on another thread."""
+class TopicDefinitions(Protocol):
+    """The broker's topics: name -> queue count. save is durable before it returns."""
 
-    def get(self, group: str, topic: str, queue_id: int) -> int | None: ...
-    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
-    def all(self) -> dict[tuple[str, str, int], int]: ...
-    def delete_group(self, group: str) -> None: ...
-    def get_meta(self, key: str) -> bytes | None: ...
-    def put_meta(self, key: str, value: bytes) -> None:
-        """Store and persist a metadata value (topics, schedule progress) before returning."""
+    def load(self) -> dict[str, int]: ...
+    def save(self, topics: Mapping[str, int]) -> None: ...
+
+
+@dataclass(slots=True)
+class ScheduleQueueProgress:
+    """How far the scheduler has delivered one waiting queue: every offset below next_offset,
+    and the offsets in delivered (all >= next_offset), have been copied to their real topics."""
+
+    next_offset: int
+    delivered: frozenset[int] = frozenset()
+
+
+@dataclass(slots=True)
+class ScheduleState:
+    """Everything the scheduler persists (equeue_core/broker/schedule.py explains it): the
+    progress of each waiting queue, keyed by (topic, queue id) -- the delay-level queues of
+    `%SCHEDULE%` and the buckets of the `%TIMER%` ring -- and the ring's layout and the start of
+    its oldest bucket still open (None until the ring first exists)."""
+
+    queues: dict[tuple[str, int], ScheduleQueueProgress] = field(default_factory=dict)
+    timer_open_from: int | None = None
+    timer_bucket_ms: int | None = None
+    timer_buckets: int | None = None
+
+
+@runtime_checkable
+class SchedulerProgress(Protocol):
+    """The scheduler's delivery state. save is durable before it returns and replaces the whole
+    saved state; load of a store that never saved one returns an empty ScheduleState."""
+
+    def load(self) -> ScheduleState: ...
+    def save(self, state: ScheduleState) -> None: ...
+
+
+@runtime_checkable
+class StoreEngine(Protocol):
+    """One store plugin's parts on one data directory, opened together by its factory (which
+    recovers after a crash and takes the data directory's single-writer lock: a second writer,
+    in this process or another, gets StoreLockedError) and closed together by close().
+
+    The parts share whatever handle the engine holds, so none of them needs a registry."""
+
+    recovery: RecoveryReport  # what opening found and repaired
+    messages: MessageStore
+    index: QueueIndex  # the messages' own index (tests and tools read it; the broker asks messages)
+    offsets: ConsumerOffsets
+    topics: TopicDefinitions
+    schedule: SchedulerProgress
+
+    def close(self) -> None:
+        """Persist offsets, flush, leave a clean-shutdown mark, release files and the lock.
+        Idempotent."""
         ...
-    def persist(self) -> None: ...
-    def close(self) -> None: ...
 
 
 @runtime_checkable
 class StoreReader(Protocol):
     """Read-only view of a data directory from another process (Spark), while the broker runs.
 
-    Every offset below queue_range()[1] is an intact record: a reader never sees a torn one."""
+    Every offset below queue_range()[1] is an intact record: a reader never sees a torn one.
+    A reader never takes the writer lock."""
 
     def queues(self) -> dict[str, list[int]]: ...
     def queue_range(self, topic: str, queue_id: int) -> tuple[int, int]: ...
@@ -177,9 +239,7 @@ class StoreReader(Protocol):
     def close(self) -> None: ...
 
 
-QueueIndexFactory = Callable[[StoreSettings], QueueIndex]
-MessageStoreFactory = Callable[[StoreSettings, QueueIndex], MessageStore]
-OffsetStoreFactory = Callable[[StoreSettings], OffsetStore]
+StoreEngineFactory = Callable[[StoreSettings], StoreEngine]
 StoreReaderFactory = Callable[[str, dict[str, str]], StoreReader]
 
 # ---------------------------------------------------------------- transport

@@ -122,6 +122,19 @@ class StoreError(EQueueError):
     code = "store"
 
 
+class StoreLockedError(StoreError):
+    """Another writer (a broker, in this process or another) holds the data directory."""
+
+    code = "store_locked"
+
+
+class InvalidOffsetError(EQueueError):
+    """A committed offset the broker cannot keep: a bad group, topic or queue id, or an offset
+    outside 0..2**63-1. Nothing of the request that carried it was committed."""
+
+    code = "invalid_offset"
+
+
 class TransportError(EQueueError):
     """The connection failed or was lost."""
 

@@ -16,18 +16,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def equeue_message_stores() -> dict:
-    """Message stores by name: name -> factory(StoreSettings, QueueIndex) -> MessageStore."""
-
-
-@hookspec
-def equeue_queue_indexes() -> dict:
-    """Queue indexes by name: name -> factory(StoreSettings) -> QueueIndex."""
-
-
-@hookspec
-def equeue_offset_stores() -> dict:
-    """Offset stores by name: name -> factory(StoreSettings) -> OffsetStore."""
+def equeue_store_engines() -> dict:
+    """Store engines by name: name -> factory(StoreSettings) -> StoreEngine (opened, writer lock held)."""
 
 
 @hookspec

@@ -14,11 +14,9 @@ from equeue_core.errors import PluginError
 
 log = logging.getLogger("equeue.plugins")
 
-# hook name -> (what config calls it, contract object must satisfy or None)
+# hook name -> what an error message calls one of its implementations
 HOOKS = {
-    "equeue_message_stores": "message store",
-    "equeue_queue_indexes": "queue index",
-    "equeue_offset_stores": "offset store",
+    "equeue_store_engines": "store",
     "equeue_store_readers": "store reader",
     "equeue_transports": "transport",
     "equeue_allocation_strategies": "allocation strategy",
@@ -110,14 +108,8 @@ class PluginManager:
         return {HOOKS[h]: sorted((n, o) for n, (_, o) in e.items()) for h, e in self._registry.items()}
 
     # Convenience accessors used by the broker and clients.
-    def message_store(self, name: str):
-        return self.get("equeue_message_stores", name)
-
-    def queue_index(self, name: str):
-        return self.get("equeue_queue_indexes", name)
-
-    def offset_store(self, name: str):
-        return self.get("equeue_offset_stores", name)
+    def store_engine(self, name: str):
+        return self.get("equeue_store_engines", name)
 
     def store_reader(self, name: str):
         return self.get("equeue_store_readers", name)

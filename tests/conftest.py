@@ -15,7 +15,7 @@ def installed(hook: str) -> list[str]:
 def stack_params() -> list:
     """(store, transport) pairs the end-to-end tests run on: every store over tcp, and file over
     every other transport, so each plugin meets the whole broker without a full cross product."""
-    stores = installed("equeue_message_stores")
+    stores = installed("equeue_store_engines")
     transports = installed("equeue_transports")
     pairs = [(s, "tcp") for s in stores] + [("file", t) for t in transports if t != "tcp"]
     return [pytest.param(p, id=f"{p[0]}-{p[1]}") for p in pairs]

@@ -33,43 +33,26 @@ def test_every_hook_is_known_to_the_plugin_manager():
     assert set(HOOK_NAMES) == set(HOOKS)
 
 
-def test_hook_equeue_message_stores(tmp_path):
+def test_hook_equeue_store_engines(tmp_path):
     pm = get_plugin_manager()
-    assert {"file", "lmdb", "rocksdb"} <= set(pm.names("equeue_message_stores"))
-    for name in pm.names("equeue_message_stores"):
-        settings = StoreSettings(data_dir=str(tmp_path / name))
-        index = pm.queue_index(name)(settings)
-        store = pm.message_store(name)(settings, index)
-        assert isinstance(store, contracts.MessageStore)
-        store.open()
-        store.close()
-
-
-def test_hook_equeue_queue_indexes(tmp_path):
-    pm = get_plugin_manager()
-    assert set(pm.names("equeue_queue_indexes")) == set(pm.names("equeue_message_stores"))
-    for name in pm.names("equeue_queue_indexes"):
-        settings = StoreSettings(data_dir=str(tmp_path / name))
-        index = pm.queue_index(name)(settings)
-        assert isinstance(index, contracts.QueueIndex)
-        store = pm.message_store(name)(settings, index)  # the store owns and closes its index
-        store.open()
-        store.close()
-
-
-def test_hook_equeue_offset_stores(tmp_path):
-    pm = get_plugin_manager()
-    for name in pm.names("equeue_offset_stores"):
-        offsets = pm.offset_store(name)(StoreSettings(data_dir=str(tmp_path / name)))
-        assert isinstance(offsets, contracts.OffsetStore)
-        offsets.commit("g", "t", 0, 5)
-        assert offsets.get("g", "t", 0) == 5
-        offsets.close()
+    assert {"file", "lmdb", "rocksdb"} <= set(pm.names("equeue_store_engines"))
+    for name in pm.names("equeue_store_engines"):
+        engine = pm.store_engine(name)(StoreSettings(data_dir=str(tmp_path / name)))
+        try:
+            assert isinstance(engine, contracts.StoreEngine)
+            assert isinstance(engine.recovery, contracts.RecoveryReport)
+            assert isinstance(engine.messages, contracts.MessageStore)
+            assert isinstance(engine.index, contracts.QueueIndex)
+            assert isinstance(engine.offsets, contracts.ConsumerOffsets)
+            assert isinstance(engine.topics, contracts.TopicDefinitions)
+            assert isinstance(engine.schedule, contracts.SchedulerProgress)
+        finally:
+            engine.close()
 
 
 def test_hook_equeue_store_readers():
     pm = get_plugin_manager()
-    assert set(pm.names("equeue_store_readers")) == set(pm.names("equeue_message_stores"))
+    assert set(pm.names("equeue_store_readers")) == set(pm.names("equeue_store_engines"))
     assert all(callable(pm.store_reader(n)) for n in pm.names("equeue_store_readers"))
 
 
@@ -109,7 +92,7 @@ class NotAFactory:
 
 class Misspelt:
     @hookimpl
-    def equeue_message_storez(self):
+    def equeue_store_enginez(self):
         return {}
 
 
@@ -141,7 +124,7 @@ def test_a_misspelt_hook_is_caught_at_registration():
 
 def test_unknown_store_name_lists_the_installed_ones():
     with pytest.raises(PluginError, match="installed: file"):
-        get_plugin_manager().message_store("nosuchstore")
+        get_plugin_manager().store_engine("nosuchstore")
 
 
 def test_a_plugin_that_fails_to_import_is_reported_not_fatal(tmp_path, monkeypatch):
@@ -158,9 +141,9 @@ def test_a_plugin_that_fails_to_import_is_reported_not_fatal(tmp_path, monkeypat
     monkeypatch.setattr(md, "entry_points", fake_entry_points)
     pm = PluginManager()
     assert "broken_plugin" in pm.failed
-    assert "file" in pm.names("equeue_message_stores")
+    assert "file" in pm.names("equeue_store_engines")
     with pytest.raises(PluginError, match="broken_plugin failed to load"):
-        pm.message_store("nosuchstore")
+        pm.store_engine("nosuchstore")
 
 
 def test_hook_equeue_event_stores(tmp_path):

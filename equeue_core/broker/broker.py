@@ -1,8 +1,9 @@
 """The broker: wires config to plugins and serves requests over the chosen transport.
 
-It owns no storage and no sockets: the message store, queue index, offset store and transport
-all come from plugins picked by name. Everything runs on one asyncio loop; the store's single
-writer is that loop's thread, and fsyncs happen on the store's flusher thread.
+It owns no storage and no sockets: the store engine (message store, queue index, offsets,
+metadata) and the transport come from plugins picked by name. Everything runs on one asyncio
+loop; the store's single writer is that loop's thread, and fsyncs happen on the store's flusher
+thread.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from equeue_core import msgid, record
 from equeue_core.broker.groups import GroupRegistry
 from equeue_core.broker.long_poll import PullHold
 from equeue_core.broker.metrics import BrokerMetrics
+from equeue_core.broker.offset_commits import checked_entries
 from equeue_core.broker.retention import RetentionCleaner
 from equeue_core.broker.schedule import Scheduler
 from equeue_core.broker.topics import (
@@ -85,13 +87,13 @@ class Broker:
         settings = StoreSettings(data_dir=cfg.data_dir, flush=cfg.flush,
                                  flush_interval_ms=cfg.flush_interval_ms,
                                  options=cfg.store_settings_options(), max_batch_bytes=cfg.max_frame_size)
-        index = self.plugins.queue_index(cfg.store)(settings)
-        self.store = self.plugins.message_store(cfg.store)(settings, index)
         opened = time.perf_counter()
-        self.recovery = self.store.open()
+        self.engine = self.plugins.store_engine(cfg.store)(settings)  # recovers; takes the writer lock
         self.metrics = BrokerMetrics(self, recovery_seconds=time.perf_counter() - opened)
-        self.offsets = self.plugins.offset_store(cfg.store)(settings)
-        self.topics = TopicRegistry(self.offsets, cfg.default_queues, cfg.auto_create_topics)
+        self.recovery = self.engine.recovery
+        self.store = self.engine.messages
+        self.offsets = self.engine.offsets
+        self.topics = TopicRegistry(self.engine.topics, cfg.default_queues, cfg.auto_create_topics)
         for topic, queues in self.store.queues().items():  # topics written before metadata was
             if topic not in self.topics.topics:
                 self.topics.topics[topic] = max(queues) + 1
@@ -163,9 +165,7 @@ class Broker:
         if self._server is not None:
             await self._server.close()
         await self.metrics.stop()
-        self.offsets.persist()
-        self.offsets.close()
-        self.store.close()
+        self.engine.close()  # persists offsets, flushes, releases the writer lock
 
     # ------------------------------------------------------------------ transport callbacks
 
@@ -316,14 +316,9 @@ class Broker:
 
     async def on_commit_offsets(self, conn: ServerConnection, frame: Frame) -> Frame | None:
         group = _str(frame.header, "group")
-        entries = frame.header.get("offsets")
-        if not isinstance(entries, list):
-            raise ProtocolError("offsets must be a list of [topic, queue_id, offset]")
-        for entry in entries:
-            if (not isinstance(entry, list) or len(entry) != 3 or not isinstance(entry[0], str)
-                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in entry[1:])):
-                raise ProtocolError("offsets must be a list of [topic, queue_id, offset]")
-            self.offsets.commit(group, entry[0], entry[1], entry[2])
+        # all or nothing: one bad entry refuses the request before any of it is committed
+        for topic, queue_id, offset in checked_entries(group, frame.header.get("offsets")):
+            self.offsets.commit(group, topic, queue_id, offset)
         return None if frame.is_oneway else frame.response({})
 
     async def on_query_offset(self, conn: ServerConnection, frame: Frame) -> Frame:

@@ -7,6 +7,20 @@ queues bounds a prefix of the store in which every record is older than the cuto
 argument with each group's committed offset bounds a prefix every group has consumed. With the
 default policy `time_and_consumed` the store releases the smaller of the two; a queue nobody
 subscribes to counts as unconsumed, except dead-letter topics, which age out by time alone.
+
+Off the event loop: each round (its searches, the delete, RocksDB's compaction) runs on a worker
+thread while the broker goes on serving. That is safe because everything a round reads is safe to
+read from any thread (store reads by contract, `offsets.all()` under its lock, copies of the
+scheduler's progress), and the one thing it writes, `MessageStore.delete_before`, is promised by
+the store contract to be safe beside the single writer's appends (each store says why in its
+docstring: the LMDB and RocksDB stores serialize it with append under a write lock; the file
+store only removes whole chunks below the one being written). Rounds never overlap: the next one
+starts after the previous one returned.
+
+Disk relief: above the disk high-water mark a round releases the oldest tenth of the bytes the
+store holds, consumed or not. A store whose file does not shrink (LMDB) keeps what it released as
+free pages (`reusable_bytes`); once those are a tenth of what it holds, releasing more would not
+give the disk anything back, only lose data, so relief waits until the store has reused them.
 """
 
 from __future__ import annotations
@@ -67,6 +81,10 @@ class RetentionCleaner:
         committed: dict[tuple[str, int], list[int]] = {}
         for (_group, topic, q), off in self.broker.offsets.all().items():
             committed.setdefault((topic, q), []).append(off)
+        # the scheduler consumes its waiting queues (%SCHEDULE% levels, %TIMER% buckets); one it
+        # has not read yet in this run is kept from its start
+        for key, off in self.broker.scheduler.progress().items():
+            committed.setdefault(key, []).append(off)
         bound = INFINITE
         for topic, queues in store.queues().items():
             if topic.startswith(DLQ_PREFIX):
@@ -81,33 +99,41 @@ class RetentionCleaner:
         usage = shutil.disk_usage(self.broker.config.data_dir)
         return usage.used / usage.total if usage.total else 0.0
 
-    def _oldest_store_ts(self) -> int | None:
+    def _head_position(self) -> int:
+        """Position of the oldest record still stored (INFINITE if the store is empty)."""
         store = self.broker.store
-        oldest = None
+        head = INFINITE
         for topic, queues in store.queues().items():
             for q in queues:
-                lo, hi = store.queue_range(topic, q)
-                if hi > lo:
-                    res = store.read_queue(topic, q, lo, 1, 1 << 30, None)
-                    if res.count:
-                        ts = record.header_fields(res.records)[10]
-                        oldest = ts if oldest is None else min(oldest, ts)
-        return oldest
+                head = min(head, self._position_at(topic, q, store.queue_range(topic, q)[0]))
+        return head
 
-    def relieve_disk(self, now_ms: int) -> int:
-        """Above the disk high-water mark, release the oldest tenth of the stored time span,
-        consumed or not, and say so loudly: losing old data beats refusing new sends."""
+    def relieve_disk(self) -> int:
+        """Above the disk high-water mark, release the oldest tenth of the bytes the store holds,
+        consumed or not, and say so loudly: losing old data beats refusing new sends. Skipped
+        while the store's own free space is already a tenth of what it holds (module docstring)."""
         used = self.disk_used()
         if used < self.disk_high_water:
             return 0
-        oldest = self._oldest_store_ts()
-        if oldest is None:
+        store = self.broker.store
+        head, end = self._head_position(), self._end_position()
+        held = end - head if head != INFINITE else 0
+        if held <= 0:
             return 0
-        cutoff = oldest + max(1, (now_ms - oldest) // 10)
-        position = self.bound_before(cutoff)
-        if position == INFINITE:
-            position = self._end_position()
-        released = self.broker.store.delete_before(position) if position > 0 else 0
+        reusable = store.reusable_bytes()
+        if reusable * 10 >= held:
+            log.info("disk %.0f%% full (high-water mark %.0f%%), but the store already has %d bytes free "
+                     "inside its files (%d held): nothing more released", used * 100,
+                     self.disk_high_water * 100, reusable, held)
+            return 0
+        released = 0
+        step = max(1, held // 10)
+        while not released:  # a store releases whole units (file chunks): widen until one goes
+            target = min(end, head + step)
+            released = store.delete_before(target)
+            if target >= end:
+                break
+            step *= 2
         log.warning("DISK %.0f%% FULL (high-water mark %.0f%%): released %d bytes of the oldest "
                     "messages, consumed or not", used * 100, self.disk_high_water * 100, released)
         self.released += released
@@ -116,7 +142,7 @@ class RetentionCleaner:
     def clean_once(self, now_ms: int | None = None) -> int:
         """Release what the policy allows; returns what the store reports released."""
         now_ms = record.now_ms() if now_ms is None else now_ms
-        relieved = self.relieve_disk(now_ms)
+        relieved = self.relieve_disk()
         if relieved:
             return relieved
         bounds = []
@@ -149,11 +175,22 @@ class RetentionCleaner:
                         end = max(end, record.header_fields(res.records)[5] + 1)
         return end
 
+    async def run_once(self) -> int:
+        """One round on a worker thread (module docstring: why that is safe); the loop serves on.
+        Cancelled (the broker stopping), it still waits for the round to end: a thread must never
+        go on deleting in a store that is being closed."""
+        round_ = asyncio.ensure_future(asyncio.to_thread(self.clean_once))
+        try:
+            return await asyncio.shield(round_)
+        except asyncio.CancelledError:
+            await asyncio.wait({round_})
+            raise
+
     async def run_forever(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
             try:
-                self.clean_once()
+                await self.run_once()
             except EQueueError as e:
                 log.warning("retention check failed: %s", e)
             except Exception:

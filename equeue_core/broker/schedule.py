@@ -21,8 +21,8 @@ What is in memory (the window)
 
 Progress (what is persisted)
     Per waiting queue: progress = the smallest offset not yet delivered (or the read cursor when
-    nothing is pending), committed as the offsets of group `%SCHEDULE%`, plus the delivered
-    offsets above it and the start of the oldest ring bucket still open. Progress passes only
+    nothing is pending), plus the delivered offsets above it and the start of the oldest ring
+    bucket still open, saved through the store engine's SchedulerProgress part (ScheduleState). Progress passes only
     delivered messages: a far message is never passed, it simply sits in a bucket nobody reads
     yet, so near messages in other queues move on freely. All reads and writes of this state go
     through `_load_progress()` / `_save_progress()`.
@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -66,7 +65,7 @@ from equeue_core.broker.topics import (
 )
 from equeue_core.codes import Code
 from equeue_core.config import parse_duration_ms
-from equeue_core.contracts import AppendResult, ServerConnection
+from equeue_core.contracts import AppendResult, ScheduleQueueProgress, ScheduleState, ServerConnection
 from equeue_core.errors import (
     DelayTooLongError,
     EQueueError,
@@ -92,7 +91,6 @@ PROP_QUARANTINE_REASON = "QUARANTINE_REASON"
 PROP_QUARANTINE_SOURCE = "QUARANTINE_SOURCE"
 SCHEDULE_GROUP = "%SCHEDULE%"
 SCHEDULE_DLQ = DLQ_PREFIX + SCHEDULE_GROUP  # dead letters of plain delayed messages
-META_DELIVERED = "schedule_delivered"
 FIRST_RETRY_LEVEL = 3
 MAX_DELIVERY_ROUND = 10_000  # due messages copied per loop turn, so one turn never hogs the loop
 LOOKAHEAD_MS = 10_000  # the heap holds what is due within this window (plus the open buckets)
@@ -176,37 +174,25 @@ class Scheduler:
     # ---------------------------------------------------------------- persisted progress
 
     def _load_progress(self, queue_count: int, max_buckets: int) -> ScheduleProgress:
-        """Read the persisted state: the document of META_DELIVERED and the `%SCHEDULE%` group's
-        offsets of every waiting queue (`queue_count` of %SCHEDULE%, up to `max_buckets` of the
-        ring, or the ring size the document records)."""
-        offsets = self.broker.offsets
-        raw = offsets.get_meta(META_DELIVERED)
-        doc = json.loads(raw) if raw else {}
-        state = ScheduleProgress()
-        if "delivered" not in doc:  # the first layout: {queue of %SCHEDULE%: [offsets]}
-            doc = {"delivered": {f"{SCHEDULE_TOPIC}:{q}": v for q, v in doc.items()}}
-        for name, offs in doc["delivered"].items():
-            topic, _, q = name.rpartition(":")
-            state.delivered[(topic, int(q))] = set(offs)
-        state.open_from = doc.get("open_from")
-        state.bucket_ms = doc.get("bucket_ms")
-        state.buckets = doc.get("buckets")
-        keys = [(SCHEDULE_TOPIC, q) for q in range(queue_count)]
-        keys += [(TIMER_TOPIC, q) for q in range(state.buckets or max_buckets)]
-        for topic, q in keys:
-            off = offsets.get(SCHEDULE_GROUP, topic, q)
-            if off is not None:
-                state.offsets[(topic, q)] = off
+        """Read the persisted state from the store engine's SchedulerProgress part. Queues other
+        than the `queue_count` level queues and the ring's buckets (the saved ring size, else
+        `max_buckets`) are left out: they belong to no waiting queue any more."""
+        saved = self.broker.engine.schedule.load()
+        state = ScheduleProgress(open_from=saved.timer_open_from, bucket_ms=saved.timer_bucket_ms,
+                                 buckets=saved.timer_buckets)
+        keys = {(SCHEDULE_TOPIC, q) for q in range(queue_count)}
+        keys |= {(TIMER_TOPIC, q) for q in range(state.buckets or max_buckets)}
+        for key, progress in saved.queues.items():
+            if key in keys:
+                state.offsets[key] = progress.next_offset
+                state.delivered[key] = set(progress.delivered)
         return state
 
     def _save_progress(self, state: ScheduleProgress) -> None:
         """Persist a snapshot taken by _progress() (runs on a worker thread: it fsyncs)."""
-        offsets = self.broker.offsets
-        for (topic, q), off in state.offsets.items():
-            offsets.commit(SCHEDULE_GROUP, topic, q, off)
-        doc = {"delivered": {f"{t}:{q}": sorted(v) for (t, q), v in state.delivered.items() if v},
-               "open_from": state.open_from, "bucket_ms": state.bucket_ms, "buckets": state.buckets}
-        offsets.put_meta(META_DELIVERED, json.dumps(doc).encode())
+        queues = {key: ScheduleQueueProgress(off, frozenset(state.delivered.get(key, ())))
+                  for key, off in state.offsets.items()}
+        self.broker.engine.schedule.save(ScheduleState(queues, state.open_from, state.bucket_ms, state.buckets))
 
     def _progress(self) -> ScheduleProgress:
         """Snapshot of the progress of every queue read in this run (on the event loop)."""

@@ -1,12 +1,11 @@
-"""Topic metadata: names, queue counts, persisted through the offset store's metadata."""
+"""Topic metadata: names, queue counts, persisted through the store engine's TopicDefinitions."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 
-from equeue_core.contracts import OffsetStore
+from equeue_core.contracts import TopicDefinitions
 from equeue_core.errors import InvalidTopicError, QueueNotFoundError, SystemTopicError, TopicNotFoundError
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.%-]{1,127}$")
@@ -16,7 +15,7 @@ SCHEDULE_TOPIC = "%SCHEDULE%"  # messages waiting for a delay level (broker/sche
 TIMER_TOPIC = "%TIMER%"  # messages waiting for an absolute deliver-at time: a ring of buckets
 QUARANTINE_TOPIC = "%QUARANTINE%"  # records a system topic cannot use (malformed), kept for inspection
 SYSTEM_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX, SCHEDULE_TOPIC, TIMER_TOPIC, QUARANTINE_TOPIC)
-META_KEY = "topics"
+MAX_QUEUES = 1024
 
 
 def check_topic_name(topic: object, allow_system: bool = False) -> str:
@@ -39,24 +38,23 @@ def check_producer_topic(topic: object) -> str:
 class TopicRegistry:
     """name -> queue count. Changes are persisted before they are acknowledged."""
 
-    def __init__(self, offsets: OffsetStore, default_queues: int, auto_create: bool) -> None:
-        self._offsets = offsets
+    def __init__(self, definitions: TopicDefinitions, default_queues: int, auto_create: bool) -> None:
+        self._definitions = definitions
         self.default_queues = default_queues
         self.auto_create = auto_create
-        raw = offsets.get_meta(META_KEY)
-        self.topics: dict[str, int] = json.loads(raw) if raw else {}
+        self.topics: dict[str, int] = definitions.load()
         self.on_change: Callable[[], None] | None = None  # called after every saved change (cluster registrar)
 
     def _save(self) -> None:
-        self._offsets.put_meta(META_KEY, json.dumps(self.topics, sort_keys=True).encode())
+        self._definitions.save(self.topics)
         if self.on_change is not None:
             self.on_change()
 
     def create(self, topic: str, queues: int | None = None, system: bool = False) -> int:
         check_topic_name(topic, allow_system=system)
         n = self.default_queues if queues is None else int(queues)
-        if not 1 <= n <= 1024:
-            raise InvalidTopicError(f"queue count must be 1..1024, not {n}")
+        if not 1 <= n <= MAX_QUEUES:
+            raise InvalidTopicError(f"queue count must be 1..{MAX_QUEUES}, not {n}")
         if self.topics.get(topic) != n:
             self.topics[topic] = max(n, self.topics.get(topic, 0))
             self._save()

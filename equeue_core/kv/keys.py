@@ -1,7 +1,7 @@
 """Key and value layouts shared by the LMDB and RocksDB stores (docs/stores.md, "On disk").
 
-This file is identical in plugins/store_lmdb and plugins/store_rocksdb (as are chunks.py and
-queries.py): both stores lay out bytes the same way.
+Both stores import this module (and chunks.py, queries.py beside it), so they lay out bytes the
+same way.
 
 Integers in keys are big-endian so byte order is numeric order (range scans and seeks work);
 integers in values are little-endian like every other integer in equeue (record.py). Topic names
@@ -13,7 +13,7 @@ are `[A-Za-z0-9_.%-]`, so the 0x00 after a topic can never be part of it.
     queues   topic, 0x00, queue_id u32 BE                      -> min_offset u64 LE, next_offset u64 LE
     state    b"next_position" | b"min_position"                -> u64 LE; b"clean" -> 0x00 | 0x01
     offsets  u16 BE len, group, u16 BE len, topic, queue_id u32 BE -> next offset u64 LE
-    meta     key (UTF-8)                                       -> value bytes
+    meta     key (UTF-8): b"topics" | b"schedule_progress"     -> JSON value (equeue_core/metadata.py)
 """
 
 from __future__ import annotations

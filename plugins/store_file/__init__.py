@@ -11,8 +11,9 @@ docs/format.md documents the bytes. One module per job:
     queue_index.py  FileQueueIndex: 20-byte entries per queue, chunked files, pread reads
     recovery.py     checkpoint, scan/verify/truncate of the log after a crash
     store.py        FileMessageStore: append, reads, recovery orchestration, flusher, retention
-    offsets.py      FileOffsetStore: offsets + metadata in offsets.json
+    offsets.py      FileOffsetStore: offsets + metadata values in offsets.json
+    engine.py       FileEngine: the writer lock, then all of the above opened and closed together
     reader.py       FileStoreReader: another process's verified, read-only view + Arrow export
-    plugin.py       the @hookimpl functions registering all of the above as "file"
+    plugin.py       the @hookimpl functions registering the engine and the reader as "file"
     bench.py        micro-benchmark of append/read (python -m equeue_plugins.store_file.bench)
 """

@@ -1,4 +1,4 @@
-"""FileOffsetStore: consumer offsets and broker metadata in one small JSON file, replaced atomically.
+"""FileOffsetStore: consumer offsets and metadata values in one small JSON file, replaced atomically.
 
 <data_dir>/offsets.json (docs/format.md, "Offsets file"):
   {"format": "equeue-offsets", "version": 1,
@@ -6,7 +6,8 @@
    "meta": {key: base64(value), ...}}
 persist() writes a snapshot to a temp file, fsyncs it, renames it over the old one and fsyncs the
 directory, so after a crash the file holds the previous or the new snapshot, whole. commit() only
-changes memory; put_meta() persists at once. Safe to call from several threads.
+changes memory; put_meta() persists at once. Safe to call from several threads. FileMeta hands
+the meta map to equeue_core.metadata, which keeps topic definitions and scheduler progress there.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 
 from equeue_core.contracts import StoreSettings
 from equeue_core.errors import StoreError
+from equeue_core.offset_limits import check_offset
 
 from .atomic import write_atomic
 from .constants import OFFSETS
@@ -57,7 +59,9 @@ class FileOffsetStore:
         return self._offsets.get((group, topic, queue_id))
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        """Remember the next offset to consume (in memory until persist())."""
+        """Remember the next offset to consume (in memory until persist()); InvalidOffsetError
+        for one outside the limits every store keeps (equeue_core/offset_limits.py)."""
+        check_offset(group, topic, queue_id, offset)
         with self._lock:
             self._offsets[(group, topic, queue_id)] = int(offset)
             self._dirty = True
@@ -103,3 +107,16 @@ class FileOffsetStore:
 
     def close(self) -> None:
         self.persist()
+
+
+class FileMeta:
+    """equeue_core.metadata.MetaValues over the offsets file's meta map."""
+
+    def __init__(self, offsets: FileOffsetStore) -> None:
+        self._offsets = offsets
+
+    def read(self, key: str) -> bytes | None:
+        return self._offsets.get_meta(key)
+
+    def write(self, key: str, value: bytes) -> None:
+        self._offsets.put_meta(key, value)

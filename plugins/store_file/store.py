@@ -23,7 +23,6 @@ Guarantees:
 from __future__ import annotations
 
 import concurrent.futures
-import fcntl
 import logging
 import os
 import struct
@@ -35,7 +34,6 @@ from equeue_core.contracts import (
     AppendResult,
     IndexRange,
     PullResult,
-    QueueIndex,
     RecoveryReport,
     StoreSettings,
 )
@@ -62,6 +60,7 @@ from equeue_core.record import (
     stamp_batch,
     verify,
 )
+from equeue_core.writer_lock import WriterLock
 
 from .atomic import write_atomic
 from .commit_log import CommitLog
@@ -71,15 +70,14 @@ from .constants import (
     CHECKPOINT_EVERY_SECONDS,
     COMMITLOG_DIR,
     DEFAULT_CHUNK_SIZE,
-    DEFAULT_INDEX_FILE_ENTRIES,
     DEFAULT_MAP_HIGH_BYTES,
     DEFAULT_MAP_LOW_BYTES,
     DEFAULT_RING_BYTES,
     END_OF_CHUNK_SIZE,
-    LOCK,
     MAP_IDLE_SECONDS,
     MIN_CHUNK_SIZE,
 )
+from .queue_index import FileQueueIndex
 from .recovery import collect_queue_records, pack_checkpoint, read_checkpoint_queues, scan_log
 from .store_info import load_store_info, write_store_info
 
@@ -122,7 +120,10 @@ def _int_option(options: dict, name: str, default: int) -> int:
 class FileMessageStore:
     """See the module docstring. One writer thread calls append(); reads may come from any thread."""
 
-    def __init__(self, settings: StoreSettings, index: QueueIndex) -> None:
+    def __init__(self, settings: StoreSettings, index: FileQueueIndex,
+                 writer_lock: WriterLock | None = None) -> None:
+        """`writer_lock`: the data directory's lock if the caller (FileEngine) already holds it;
+        otherwise open() takes it. Either way the store releases it when closed."""
         self.settings = settings
         self.index = index
         self.data_dir = settings.data_dir
@@ -143,8 +144,7 @@ class FileMessageStore:
                               f"{settings.max_batch_bytes}: a batch must fit in one chunk, so chunk_size must "
                               f"be at least max_frame_size + {END_OF_CHUNK_SIZE}")
         self.chunk_size = chunk_size
-        self._index_file_entries = int(info["index_file_entries"]) if info else getattr(
-            index, "entries_per_file", _int_option(opts, "index_file_entries", DEFAULT_INDEX_FILE_ENTRIES))
+        self._index_file_entries = int(info["index_file_entries"]) if info else index.entries_per_file
         self._has_info = info is not None
         self.log = CommitLog(os.path.join(self.data_dir, COMMITLOG_DIR), chunk_size,
                              _int_option(opts, "ring_bytes", DEFAULT_RING_BYTES),
@@ -168,19 +168,14 @@ class FileMessageStore:
         self._verified_from = 1 << 63
         self._durable = 0                   # end of the last flush that succeeded
         self._checkpoint_cap = 1 << 63      # see _flush_to_disk: lowered for good by a failed fsync
-        self._lock_fd = -1
+        self._writer_lock = writer_lock
 
     # ------------------------------------------------------------ open / recovery
     def open(self) -> RecoveryReport:
         """Recover (see recovery.py), start the flusher, and mark the store open (abort file)."""
+        if self._writer_lock is None:
+            self._writer_lock = WriterLock.acquire(self.data_dir)  # StoreLockedError if held
         os.makedirs(self.log.dir, exist_ok=True)
-        self._lock_fd = os.open(os.path.join(self.data_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as e:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
-            raise StoreError(f"{self.data_dir} is open for writing elsewhere (lock held)") from e
         if not self._has_info:
             write_store_info(self.data_dir, self.chunk_size, self._index_file_entries)
         abort_path = os.path.join(self.data_dir, ABORT)
@@ -224,11 +219,7 @@ class FileMessageStore:
             # what the crashed writer left in the page cache is part of the log now: make it
             # durable before the checkpoint below vouches for it
             self.log.sync_range(checkpoint, end)
-            sync_all = getattr(self.index, "sync_all", None)
-            if sync_all is not None:
-                sync_all()
-            else:
-                self.index.flush()
+            self.index.sync_all()
         self._init_min_offsets(init_ts=True)
         with open(abort_path, "wb"):
             pass
@@ -248,16 +239,12 @@ class FileMessageStore:
         scanned records the index lacks (rebuilt). Returns the queues whose scanned records do not
         continue their index (it lags the checkpoint): _check_indexes rebuilds those whole."""
         index = self.index
-        truncate = getattr(index, "truncate", None)
         for topic, qids in index.queues().items():
             for qid in qids:
                 lo, hi = index.queue_range(topic, qid)
                 first_bad = self._first_entry_at_or_after(topic, qid, lo, hi, end)
                 if first_bad < hi:
-                    if truncate is None:
-                        raise StoreError(f"index {topic}/{qid} points past the log end {end} and "
-                                         "cannot be truncated (not a file store index)")
-                    dropped = truncate(topic, qid, first_bad)
+                    dropped = index.truncate(topic, qid, first_bad)
                     report.notes.append(f"index {topic}/{qid}: dropped {dropped} entries past the log end")
                     report.lost.append(IndexRange(topic, qid, first_bad, first_bad + dropped - 1))
         behind: set[tuple[str, int]] = set()
@@ -379,14 +366,13 @@ class FileMessageStore:
         """Each queue's first readable offset (its first entry inside the stored chunks); at open
         also the newest store_ts, so store times stay non-decreasing across restarts."""
         start = self.log.start
-        set_min = getattr(self.index, "set_min", None)
         for topic, qids in self.index.queues().items():
             for qid in qids:
                 lo, hi = self.index.queue_range(topic, qid)
                 m = self._first_entry_at_or_after(topic, qid, lo, hi, start) if start else lo
                 self._min[(topic, qid)] = m
-                if set_min is not None and m > lo:
-                    set_min(topic, qid, m)
+                if m > lo:
+                    self.index.set_min(topic, qid, m)
                 if init_ts and m < hi:
                     try:
                         self._last_ts = max(self._last_ts, self._store_ts_at(topic, qid, hi - 1))
@@ -464,10 +450,7 @@ class FileMessageStore:
         return end
 
     def _index_ends(self) -> dict[tuple[str, int], int]:
-        ends = getattr(self.index, "ends", None)
-        if ends is not None:
-            return ends()
-        return {(t, q): self.index.queue_range(t, q)[1] for t, qs in self.index.queues().items() for q in qs}
+        return self.index.ends()
 
     def _write_checkpoint(self, end: int, ends: dict[tuple[str, int], int] | None = None) -> None:
         """Vouch for the log below end and for each queue's index up to its end in `ends`."""
@@ -648,7 +631,15 @@ class FileMessageStore:
     # ------------------------------------------------------------ retention / shutdown
     def delete_before(self, position: int) -> int:
         """Delete chunks wholly below position; queue min offsets move past their records.
-        Returns bytes released."""
+        Returns bytes released.
+
+        Safe on a worker thread while the writer appends, without a lock of its own: the log
+        deletes only chunks wholly below position and below the chunk being written, and
+        changes its chunk list under the lock a roll takes; the minimum offsets are a map the
+        writer never touches (it keeps the next offsets); the index's set_min only removes
+        files wholly below the new minimum, never a queue's newest or write file, while add
+        only appends to that list. A reader that loses a race with the delete gets
+        OffsetOutOfRangeError (read_queue) or MessageNotFoundError, never wrong bytes."""
         released = self.log.delete_before(position)
         if released:
             self._init_min_offsets()
@@ -675,7 +666,11 @@ class FileMessageStore:
             pass
         self._release_lock()
 
+    def reusable_bytes(self) -> int:
+        """0: retention deletes whole chunk files, so the disk gets the space back at once."""
+        return 0
+
     def _release_lock(self) -> None:
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)  # closing the fd drops the flock
-            self._lock_fd = -1
+        if self._writer_lock is not None:
+            self._writer_lock.release()
+            self._writer_lock = None

@@ -1,10 +1,9 @@
-"""One LMDB environment per data directory per process, shared by the store, index, offsets and
-readers made by this plugin.
+"""One LMDB environment per data directory per process: the engine's, and its readers'.
 
-LMDB forbids opening one environment twice in a process (locks are per process), yet the kernel
-builds the queue index, message store and offset store through separate factories: they all
-acquire the environment here and release it when closed; the last release closes it. A reader in
-the process that holds the writable environment reuses it (and so sees every commit at once).
+LMDB forbids opening one environment twice in a process (its locks are per process), so a reader
+(StoreReader) in the process whose LmdbEngine holds the writable environment must reuse that one
+(and so sees every commit at once). The engine acquires the environment here once and hands it to
+its parts; each reader acquires it too; the last release closes it.
 """
 
 from __future__ import annotations

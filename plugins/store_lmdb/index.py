@@ -9,27 +9,23 @@ same transaction, and are mirrored in memory for the writer's process.
 
 from __future__ import annotations
 
-import threading
-
 import lmdb
 
-from equeue_core.contracts import StoreSettings
 from equeue_core.kv import keys
 from equeue_core.record import INDEX_ENTRY, INDEX_ENTRY_SIZE
 
-from . import environment
+from .environment import SharedEnv
 from .snapshot import Snapshot, floor
 
 
 class LmdbQueueIndex:
-    def __init__(self, settings: StoreSettings) -> None:
-        self.settings = settings
-        self.shared = environment.acquire(settings.data_dir, settings.options)
-        self.env = self.shared.env
-        self.index_db = self.shared.db(b"index")
-        self.queues_db = self.shared.db(b"queues")
-        self._lock = threading.Lock()
-        self._closed = False
+    """Opened by the engine on its environment; the environment outlives it."""
+
+    def __init__(self, shared: SharedEnv) -> None:
+        self.shared = shared
+        self.env = shared.env
+        self.index_db = shared.db(b"index")
+        self.queues_db = shared.db(b"queues")
         with self.env.begin(buffers=True) as txn:
             self._ranges: dict[tuple[str, int], tuple[int, int]] = Snapshot(self.shared, txn).ranges()
 
@@ -96,10 +92,3 @@ class LmdbQueueIndex:
 
     def flush(self) -> None:
         self.env.sync(True)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        environment.release(self.shared)

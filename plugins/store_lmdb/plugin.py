@@ -1,28 +1,17 @@
-"""Registers the LMDB store: message store, queue index, offset store and reader, all named "lmdb"."""
+"""Registers the lmdb store: its engine (message store, queue index, offsets, metadata) and its
+reader, both named "lmdb"."""
 
 from __future__ import annotations
 
 from equeue_core.hookspecs import hookimpl
 
-from .index import LmdbQueueIndex
-from .offsets import LmdbOffsetStore
+from .engine import LmdbEngine
 from .reader import LmdbStoreReader
-from .store import LmdbMessageStore
 
 
 @hookimpl
-def equeue_message_stores() -> dict:
-    return {"lmdb": LmdbMessageStore}
-
-
-@hookimpl
-def equeue_queue_indexes() -> dict:
-    return {"lmdb": LmdbQueueIndex}
-
-
-@hookimpl
-def equeue_offset_stores() -> dict:
-    return {"lmdb": LmdbOffsetStore}
+def equeue_store_engines() -> dict:
+    return {"lmdb": LmdbEngine}
 
 
 @hookimpl

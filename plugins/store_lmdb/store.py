@@ -26,13 +26,13 @@ from collections.abc import Sequence
 
 import lmdb
 
-from equeue_core.contracts import AppendResult, PullResult, QueueIndex, RecoveryReport, StoreSettings
-from equeue_core.errors import CorruptRecordError, PluginError, StoreError
+from equeue_core.contracts import AppendResult, PullResult, RecoveryReport, StoreSettings
+from equeue_core.errors import CorruptRecordError, StoreError
 from equeue_core.flush import Flusher
 from equeue_core.kv import chunks, keys, queries
-from equeue_core.record import INDEX_ENTRY_SIZE, index_entries, now_ms, stamp_batch
+from equeue_core.record import INDEX_ENTRY_SIZE, header_fields, index_entries, now_ms, stamp_batch
 
-from . import environment
+from .environment import SharedEnv
 from .index import LmdbQueueIndex
 from .snapshot import Snapshot
 
@@ -40,20 +40,28 @@ _U32 = struct.Struct("<I")
 
 
 class LmdbMessageStore:
-    def __init__(self, settings: StoreSettings, index: QueueIndex) -> None:
-        if not isinstance(index, LmdbQueueIndex):
-            raise PluginError(f"the lmdb message store needs the lmdb queue index, not {type(index).__name__}")
+    """Opened by LmdbEngine on its environment, with its index; the environment outlives both.
+
+    `_write_lock` serializes the two writers of the log's bookkeeping: append (the broker's
+    event loop) and delete_before (retention, on a worker thread). LMDB serializes their write
+    transactions anyway; the lock also keeps each one's read-modify-write of the in-memory next
+    position and queue ranges whole, so retention never publishes a range computed before an
+    append committed (which would hide that append's records)."""
+
+    def __init__(self, settings: StoreSettings, shared: SharedEnv, index: LmdbQueueIndex) -> None:
         self.settings = settings
         self.index = index
-        self.shared = environment.acquire(settings.data_dir, settings.options)
-        self.env = self.shared.env
-        self.log_db = self.shared.db(b"log")
-        self.state_db = self.shared.db(b"state")
+        self.shared = shared
+        self.env = shared.env
+        self.log_db = shared.db(b"log")
+        self.state_db = shared.db(b"state")
         self.commit_sync = bool(settings.options.get("commit_sync", False))
         self.chunk_bytes = int(settings.options.get("chunk_bytes", chunks.DEFAULT_CHUNK_BYTES))
         self.flusher = Flusher(self._sync, settings.flush, settings.flush_interval_ms, name="equeue-lmdb-flusher")
         self._next = 0
         self._min = 0
+        self._last_ts = 0  # newest store time given out: store times never go backwards
+        self._write_lock = threading.Lock()
         self._opened = False
         self._closed = False
         self._close_lock = threading.Lock()
@@ -78,11 +86,12 @@ class LmdbMessageStore:
                 if hi > lo:
                     pos, size, _ = snap.entry(topic, qid, hi - 1)
                     try:
-                        queries.check_record(snap.records([pos])[0], hi - 1, size, pos, lo, hi,
-                                             topic=topic, queue_id=qid)
+                        newest = queries.check_record(snap.records([pos])[0], hi - 1, size, pos, lo, hi,
+                                                      topic=topic, queue_id=qid)
                     except CorruptRecordError as e:
                         raise StoreError(f"{topic}/{qid}: newest record is damaged ({e}); the LMDB file "
                                          f"is corrupt, restore it from a copy") from e
+                    self._last_ts = max(self._last_ts, header_fields(newest)[10])
         if not clean:
             notes.append("unclean stop: LMDB commits are atomic, nothing to truncate or rebuild")
         self.flusher.start(self._next)
@@ -107,22 +116,23 @@ class LmdbMessageStore:
             self.flusher.stop()
             with self.env.begin(write=True) as txn:
                 txn.put(keys.CLEAN, b"\x01", db=self.state_db)
-        environment.release(self.shared)
-        # The store owns its index (it brought it up to date in open); closing it here keeps a
-        # caller that closes only the store from leaving the shared handle open. Idempotent.
-        self.index.close()
 
     # -- writer ---------------------------------------------------------------------------------
 
     def append(self, topic: str, queue_id: int, batch: bytearray, starts: Sequence[int]) -> AppendResult:
         """One write transaction for the whole batch: its chunks of records, their index entries,
         the queue's range and the next position."""
+        with self._write_lock:
+            return self._append(topic, queue_id, batch, starts)
+
+    def _append(self, topic: str, queue_id: int, batch: bytearray, starts: Sequence[int]) -> AppendResult:
         first_offset = self.index.queue_range(topic, queue_id)[1]
         if not starts:
             return AppendResult(first_offset, [], self._next)
         base = self._next
         positions = chunks.positions_for(starts, base)
-        stamp_batch(batch, starts, positions, first_offset, queue_id, now_ms())
+        self._last_ts = max(self._last_ts, now_ms())
+        stamp_batch(batch, starts, positions, first_offset, queue_id, self._last_ts)
         entries = memoryview(index_entries(batch, starts, positions))
         stop = chunks.batch_end(batch, starts)
         mv = memoryview(batch)
@@ -156,7 +166,14 @@ class LmdbMessageStore:
     def delete_before(self, position: int) -> int:
         """Delete every chunk that lies wholly below position, with its index entries, in one
         transaction (a chunk holding position stays whole). Returns the bytes of records released;
-        the file keeps its size (LMDB reuses the freed pages)."""
+        the file keeps its size (LMDB reuses the freed pages: see reusable_bytes).
+
+        Safe beside append on another thread: both hold `_write_lock` (class docstring), and
+        readers see either the state before the transaction or after it (LMDB snapshots)."""
+        with self._write_lock:
+            return self._delete_before(position)
+
+    def _delete_before(self, position: int) -> int:
         position = min(position, self._next)
         published = []
         with self.env.begin(write=True) as txn:
@@ -181,6 +198,16 @@ class LmdbMessageStore:
         released = first_kept - self._min
         self._min = first_kept
         return released
+
+    def reusable_bytes(self) -> int:
+        """Pages inside data.mdb that no database uses (freed by deletes, reused before the file
+        grows): the file's pages minus every database's branch, leaf and overflow pages."""
+        with self.env.begin() as txn:
+            stats = [txn.stat(db) for db in self.shared.dbs.values()]
+        stats.append(self.env.stat())
+        used = sum(s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"] for s in stats)
+        pages = self.env.info()["last_pgno"] + 1
+        return max(0, pages - used - 2) * stats[-1]["psize"]  # 2: LMDB's meta pages
 
     # -- reads (any thread) ---------------------------------------------------------------------
 

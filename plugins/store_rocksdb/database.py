@@ -1,11 +1,9 @@
-"""One RocksDB instance per data directory per process, shared by the store, index, offsets and
-readers made by this plugin; and the secondary instance a reader in another process uses.
+"""One RocksDB instance per data directory per process: the engine's primary, and its readers'.
 
-RocksDB's LOCK file lets one process open a database read-write once, yet the kernel builds the
-queue index, message store and offset store through separate factories: they all acquire the
-instance here and the last release closes it. A reader in the process holding the primary reuses
-it (and so sees every write at once); elsewhere it opens a *secondary* instance, which follows the
-primary's WAL and MANIFEST on each `catch_up()`.
+The engine acquires the primary here once and hands it to its parts. A reader (StoreReader) in
+the process holding the primary reuses it (and so sees every write at once); elsewhere it opens a
+*secondary* instance, which follows the primary's WAL and MANIFEST on each `catch_up()`. The last
+release closes an instance.
 """
 
 from __future__ import annotations

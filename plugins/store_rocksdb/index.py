@@ -10,24 +10,20 @@ batch, and are mirrored in memory for the writer's process.
 
 from __future__ import annotations
 
-import threading
-
 import rocksdict
 
-from equeue_core.contracts import StoreSettings
 from equeue_core.kv import keys
 from equeue_core.record import INDEX_ENTRY, INDEX_ENTRY_SIZE
 
-from . import database
+from .database import SharedDb
 from .view import View
 
 
 class RocksQueueIndex:
-    def __init__(self, settings: StoreSettings) -> None:
-        self.settings = settings
-        self.shared = database.acquire(settings.data_dir, settings.options)
-        self._lock = threading.Lock()
-        self._closed = False
+    """Opened by the engine on its database; the database outlives it."""
+
+    def __init__(self, shared: SharedDb) -> None:
+        self.shared = shared
         self._ranges: dict[tuple[str, int], tuple[int, int]] = View(self.shared).ranges()
 
     # -- the writer (the store calls these while building its WriteBatch) ---------------------
@@ -100,10 +96,3 @@ class RocksQueueIndex:
 
     def flush(self) -> None:
         self.shared.db.flush_wal(True)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        database.release(self.shared)

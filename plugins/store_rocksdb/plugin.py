@@ -1,28 +1,17 @@
-"""Registers the RocksDB store: message store, queue index, offset store and reader, all named "rocksdb"."""
+"""Registers the rocksdb store: its engine (message store, queue index, offsets, metadata) and its
+reader, both named "rocksdb"."""
 
 from __future__ import annotations
 
 from equeue_core.hookspecs import hookimpl
 
-from .index import RocksQueueIndex
-from .offsets import RocksOffsetStore
+from .engine import RocksEngine
 from .reader import RocksStoreReader
-from .store import RocksMessageStore
 
 
 @hookimpl
-def equeue_message_stores() -> dict:
-    return {"rocksdb": RocksMessageStore}
-
-
-@hookimpl
-def equeue_queue_indexes() -> dict:
-    return {"rocksdb": RocksQueueIndex}
-
-
-@hookimpl
-def equeue_offset_stores() -> dict:
-    return {"rocksdb": RocksOffsetStore}
+def equeue_store_engines() -> dict:
+    return {"rocksdb": RocksEngine}
 
 
 @hookimpl

@@ -26,13 +26,13 @@ from collections.abc import Sequence
 
 import rocksdict
 
-from equeue_core.contracts import AppendResult, PullResult, QueueIndex, RecoveryReport, StoreSettings
-from equeue_core.errors import CorruptRecordError, PluginError, StoreError
+from equeue_core.contracts import AppendResult, PullResult, RecoveryReport, StoreSettings
+from equeue_core.errors import CorruptRecordError, StoreError
 from equeue_core.flush import Flusher
 from equeue_core.kv import chunks, keys, queries
-from equeue_core.record import INDEX_ENTRY_SIZE, index_entries, now_ms, stamp_batch
+from equeue_core.record import INDEX_ENTRY_SIZE, header_fields, index_entries, now_ms, stamp_batch
 
-from . import database
+from .database import SharedDb
 from .index import RocksQueueIndex
 from .view import View
 
@@ -50,13 +50,20 @@ def write_options(sync: bool) -> rocksdict.WriteOptions:
 
 
 class RocksMessageStore:
-    def __init__(self, settings: StoreSettings, index: QueueIndex) -> None:
-        if not isinstance(index, RocksQueueIndex):
-            raise PluginError(f"the rocksdb message store needs the rocksdb queue index, not {type(index).__name__}")
+    """Opened by RocksEngine on its database, with its index; the database outlives both.
+
+    `_write_lock` serializes the two writers of the log's bookkeeping: append (the broker's
+    event loop) and delete_before (retention, on a worker thread): each one's read-modify-write
+    of the in-memory next position and queue ranges stays whole, so retention never publishes a
+    range computed before an append was written (which would hide that append's records). The
+    compaction after a delete runs outside the lock: it only rewrites SST files, which RocksDB
+    does beside writes all the time."""
+
+    def __init__(self, settings: StoreSettings, shared: SharedDb, index: RocksQueueIndex) -> None:
         self.settings = settings
         self.index = index
-        self.shared = database.acquire(settings.data_dir, settings.options)
-        self.view = View(self.shared)
+        self.shared = shared
+        self.view = View(shared)
         self.commit_sync = bool(settings.options.get("commit_sync", False))
         self.chunk_bytes = int(settings.options.get("chunk_bytes", DEFAULT_CHUNK_BYTES))
         self._write_opts = write_options(self.commit_sync)
@@ -64,6 +71,8 @@ class RocksMessageStore:
         self.flusher = Flusher(self._sync, settings.flush, settings.flush_interval_ms, name="equeue-rocksdb-flusher")
         self._next = 0
         self._min = 0
+        self._last_ts = 0  # newest store time given out: store times never go backwards
+        self._write_lock = threading.Lock()
         self._opened = False
         self._closed = False
         self._close_lock = threading.Lock()
@@ -84,11 +93,12 @@ class RocksMessageStore:
             if hi > lo:
                 pos, size, _ = self.view.entry(topic, qid, hi - 1)
                 try:
-                    queries.check_record(self.view.records([pos])[0], hi - 1, size, pos, lo, hi,
-                                             topic=topic, queue_id=qid)
+                    newest = queries.check_record(self.view.records([pos])[0], hi - 1, size, pos, lo, hi,
+                                                  topic=topic, queue_id=qid)
                 except CorruptRecordError as e:
                     raise StoreError(f"{topic}/{qid}: newest record is damaged ({e}); the RocksDB "
                                      f"files are corrupt, restore them from a copy") from e
+                self._last_ts = max(self._last_ts, header_fields(newest)[10])
         if not clean:
             notes.append("unclean stop: RocksDB replayed its WAL; nothing to truncate or rebuild")
         self.flusher.start(self._next)
@@ -117,22 +127,23 @@ class RocksMessageStore:
         if self._opened:
             self.flusher.stop()
             self._put_state(keys.CLEAN, b"\x01")
-        database.release(self.shared)
-        # The store owns its index (it brought it up to date in open); closing it here keeps a
-        # caller that closes only the store from leaving the shared handle open. Idempotent.
-        self.index.close()
 
     # -- writer ---------------------------------------------------------------------------------
 
     def append(self, topic: str, queue_id: int, batch: bytearray, starts: Sequence[int]) -> AppendResult:
         """One WriteBatch for the whole batch: its chunks of records, their index entries, the
         queue's range and the next position."""
+        with self._write_lock:
+            return self._append(topic, queue_id, batch, starts)
+
+    def _append(self, topic: str, queue_id: int, batch: bytearray, starts: Sequence[int]) -> AppendResult:
         first_offset = self.index.queue_range(topic, queue_id)[1]
         if not starts:
             return AppendResult(first_offset, [], self._next)
         base = self._next
         positions = chunks.positions_for(starts, base)
-        stamp_batch(batch, starts, positions, first_offset, queue_id, now_ms())
+        self._last_ts = max(self._last_ts, now_ms())
+        stamp_batch(batch, starts, positions, first_offset, queue_id, self._last_ts)
         entries = bytes(index_entries(batch, starts, positions))
         stop = chunks.batch_end(batch, starts)
         mv = memoryview(batch)
@@ -163,7 +174,21 @@ class RocksMessageStore:
     def delete_before(self, position: int) -> int:
         """Range-delete every chunk that lies wholly below position, with its index entries, in one
         WriteBatch (a chunk holding position stays whole), then compact that key range so the disk
-        space comes back. Returns the bytes of records released."""
+        space comes back. Returns the bytes of records released.
+
+        Safe beside append on another thread: the batch is built and written under
+        `_write_lock` (class docstring); readers see the state before the batch or after it."""
+        with self._write_lock:
+            first_kept, released = self._delete_below(position)
+        if released:
+            self.shared.view["log"].compact_range(None, keys.log_key(first_kept))
+        return released
+
+    def reusable_bytes(self) -> int:
+        """0: the compaction after a delete gives the disk space back."""
+        return 0
+
+    def _delete_below(self, position: int) -> tuple[int, int]:
         position = min(position, self._next)
         it = self.shared.view["log"].iter()
         it.seek_for_prev(keys.log_key(position))
@@ -177,7 +202,7 @@ class RocksMessageStore:
                 first_kept = keys.position_of(it.key()) if it.valid() else self._next
         del it
         if first_kept <= self._min:
-            return 0
+            return first_kept, 0
         wb = rocksdict.WriteBatch(raw_mode=True)
         published = []
         for (topic, qid) in self.index.ranges():
@@ -189,10 +214,9 @@ class RocksMessageStore:
         self.shared.db.write(wb, self._sync_opts)
         for topic, qid, new_range in published:
             self.index.publish(topic, qid, new_range)
-        self.shared.view["log"].compact_range(None, keys.log_key(first_kept))
         released = first_kept - self._min
         self._min = first_kept
-        return released
+        return first_kept, released
 
     # -- reads (any thread) ---------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ def installed_stores() -> list[str]:
     """Stores that have a reader and a writer installed (the read tests run over each)."""
     pm = get_plugin_manager()
     readers = set(pm.names("equeue_store_readers"))
-    return sorted(readers & set(pm.names("equeue_message_stores")) & set(pm.names("equeue_queue_indexes")))
+    return sorted(readers & set(pm.names("equeue_store_engines")))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -1,5 +1,5 @@
 """Helpers of the Spark tests: bodies that carry their own checksum, and real on-disk data written
-through each store plugin's own MessageStore / OffsetStore (the code path the broker appends with)."""
+through each store plugin's own engine (the code path the broker appends with)."""
 
 from __future__ import annotations
 
@@ -25,14 +25,11 @@ def check_body(body: bytes) -> bool:
 
 
 class StoreWriter:
-    """A store plugin's MessageStore opened on a data dir, appending real records."""
+    """A store plugin's engine opened on a data dir, appending real records."""
 
     def __init__(self, store_name: str, data_dir: str) -> None:
-        pm = get_plugin_manager()
-        self.settings = StoreSettings(data_dir=data_dir)
-        self.index = pm.queue_index(store_name)(self.settings)
-        self.store = pm.message_store(store_name)(self.settings, self.index)
-        self.store.open()
+        self.engine = get_plugin_manager().store_engine(store_name)(StoreSettings(data_dir=data_dir))
+        self.store = self.engine.messages
 
     def append(self, topic: str, queue_id: int, bodies: list[bytes], chunk: int = 1000,
                born_ts: int | None = None, tag: str | None = None) -> None:
@@ -44,7 +41,7 @@ class StoreWriter:
         self.store.flush()
 
     def close(self) -> None:
-        self.store.close()
+        self.engine.close()
 
 
 def fill(store_name: str, data_dir: str, topic: str, per_queue: dict[int, tuple[int, int]],
@@ -59,15 +56,14 @@ def fill(store_name: str, data_dir: str, topic: str, per_queue: dict[int, tuple[
 
 
 def commit_offsets(store_name: str, data_dir: str, offsets: dict[tuple[str, str, int], int]) -> None:
-    """Persist group offsets through the store's own OffsetStore."""
-    pm = get_plugin_manager()
-    os_ = pm.offset_store(store_name)(StoreSettings(data_dir=data_dir))
+    """Persist group offsets through the store engine's own ConsumerOffsets."""
+    engine = get_plugin_manager().store_engine(store_name)(StoreSettings(data_dir=data_dir))
     try:
         for (g, t, q), o in offsets.items():
-            os_.commit(g, t, q, o)
-        os_.persist()
+            engine.offsets.commit(g, t, q, o)
+        engine.offsets.persist()
     finally:
-        os_.close()
+        engine.close()
 
 
 def read_df(spark: Any, store_name: str, data_dir: str, topic: str, **options: str) -> Any:

@@ -16,8 +16,7 @@ from .helpers import SMALL_CHUNK, append, bodies, chunk_paths, make_batch, open_
 
 def test_plugin_registers_file_for_every_storage_hook() -> None:
     pm = PluginManager()
-    for hook in ("equeue_message_stores", "equeue_queue_indexes", "equeue_offset_stores",
-                 "equeue_store_readers"):
+    for hook in ("equeue_store_engines", "equeue_store_readers"):
         assert "file" in pm.names(hook)
 
 
@@ -292,7 +291,7 @@ def test_second_writer_on_the_same_directory_is_refused(tmp_path) -> None:
     from equeue_core.errors import StoreError
 
     store, _ = open_store(tmp_path)
-    with pytest.raises(StoreError, match="open for writing elsewhere"):
+    with pytest.raises(StoreError, match="open for writing by process"):
         open_store(tmp_path)
     store.close()
     again, _ = open_store(tmp_path)

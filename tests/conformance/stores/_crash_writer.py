@@ -10,19 +10,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from kit import append, open_store  # noqa: E402
 
-from equeue_core.contracts import StoreSettings  # noqa: E402
-from equeue_core.plugins import get_plugin_manager  # noqa: E402
-
 SIZES = (1, 7, 64, 3, 250, 19)
 MAX_RECORDS = 2_000_000
 
 
 def main(name: str, data_dir: str, topic: str) -> None:
-    offsets = get_plugin_manager().offset_store(name)(StoreSettings(data_dir=data_dir, flush="sync"))
-    offsets.put_meta("crash-test", b"written before the appends")
-    offsets.commit("g", topic, 0, 5)
-    offsets.persist()
     h = open_store(name, data_dir, flush="sync")
+    h.engine.topics.save({topic: 1})
+    h.engine.offsets.commit("g", topic, 0, 5)
+    h.engine.offsets.persist()
     print("ready", flush=True)
     written = 0
     i = 0

@@ -1,4 +1,4 @@
-"""Parametrizes every test that takes `store_name` over all installed message stores."""
+"""Parametrizes every test that takes `store_name` over all installed store engines."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from equeue_core.contracts import OffsetStore, StoreReader, StoreSettings
+from equeue_core.contracts import StoreReader
 from equeue_core.plugins import get_plugin_manager
 
 from .kit import Opened, open_store, store_names
@@ -19,22 +19,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 class Harness:
-    """Opens stores, offset stores and readers on one data dir and closes whatever is left open."""
+    """Opens store engines and readers on one data dir and closes whatever is left open."""
 
     def __init__(self, name: str, data_dir: str) -> None:
         self.name = name
         self.data_dir = data_dir
         self._open: list = []
 
-    def open(self, flush: str = "async") -> Opened:
-        opened = open_store(self.name, self.data_dir, flush=flush)
+    def open(self, flush: str = "async", **options: object) -> Opened:
+        opened = open_store(self.name, self.data_dir, flush=flush, **options)
         self._open.append(opened)
         return opened
-
-    def offsets(self) -> OffsetStore:
-        store = get_plugin_manager().offset_store(self.name)(StoreSettings(data_dir=self.data_dir))
-        self._open.append(store)
-        return store
 
     def reader(self) -> StoreReader:
         reader = get_plugin_manager().store_reader(self.name)(self.data_dir, {})

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from equeue_core import record
-from equeue_core.contracts import MessageStore, QueueIndex, StoreSettings
+from equeue_core.contracts import MessageStore, QueueIndex, RecoveryReport, StoreEngine, StoreSettings
 from equeue_core.plugins import get_plugin_manager
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,7 +25,7 @@ BORN_BASE = 1_700_000_000_000
 
 
 def store_names() -> list[str]:
-    return get_plugin_manager().names("equeue_message_stores")
+    return get_plugin_manager().names("equeue_store_engines")
 
 
 def tag_for(offset: int) -> str | None:
@@ -93,28 +93,32 @@ def read_all(store: MessageStore, topic: str, queue_id: int, start: int, end: in
 
 @dataclass
 class Opened:
-    """A message store with its index, opened the way the broker does it."""
+    """A store engine opened the way the broker opens it, with short names for its parts."""
 
-    settings: StoreSettings
-    index: QueueIndex
-    store: MessageStore
-    report: Any
+    engine: StoreEngine
     closed: bool = False
+
+    @property
+    def store(self) -> MessageStore:
+        return self.engine.messages
+
+    @property
+    def index(self) -> QueueIndex:
+        return self.engine.index
+
+    @property
+    def report(self) -> RecoveryReport:
+        return self.engine.recovery
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self.store.close()
-            self.index.close()
+            self.engine.close()
 
 
-def open_store(name: str, data_dir: str, flush: str = "async", interval_ms: int = 50) -> Opened:
-    pm = get_plugin_manager()
-    settings = StoreSettings(data_dir=data_dir, flush=flush, flush_interval_ms=interval_ms)
-    index = pm.queue_index(name)(settings)
-    store = pm.message_store(name)(settings, index)
-    report = store.open()
-    return Opened(settings, index, store, report)
+def open_store(name: str, data_dir: str, flush: str = "async", interval_ms: int = 50, **options: Any) -> Opened:
+    settings = StoreSettings(data_dir=data_dir, flush=flush, flush_interval_ms=interval_ms, options=options)
+    return Opened(get_plugin_manager().store_engine(name)(settings))
 
 
 def append(opened: Opened, topic: str, queue_id: int, count: int) -> Any:
@@ -134,9 +138,10 @@ class Child:
     _partial: bytes = b""
 
     @classmethod
-    def start(cls, script: str, *args: str) -> Child:
-        proc = subprocess.Popen([sys.executable, os.path.join(HERE, script), *args],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    def start(cls, script: str, *args: str, prefix: tuple[str, ...] = ()) -> Child:
+        """Run script with args; `prefix` is a command to run it under (e.g. faketime)."""
+        proc = subprocess.Popen([*prefix, sys.executable, os.path.join(HERE, script), *args],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         return cls(proc)
 
     def read_until(self, predicate: Any, timeout: float) -> bool:

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from equeue_core.contracts import StoreSettings
-from equeue_core.errors import ConfigError, EQueueError, PluginError, StoreError
+from equeue_core.errors import ConfigError, EQueueError, StoreError
 from equeue_core.plugins import get_plugin_manager
 
 from .kit import append, check_message, make_batch, open_store, read_all, store_names
@@ -21,18 +21,6 @@ KV_STORES = [n for n in ("lmdb", "rocksdb") if n in store_names()]
 
 def _settings(tmp_path, **options) -> StoreSettings:
     return StoreSettings(data_dir=str(tmp_path / "data"), options=options)
-
-
-@pytest.mark.parametrize("name", KV_STORES)
-def test_message_store_given_another_plugins_index_is_refused_with_plugin_error(name, tmp_path):
-    pm = get_plugin_manager()
-    other = next(n for n in store_names() if n != name)
-    index = pm.queue_index(other)(StoreSettings(data_dir=str(tmp_path / "other")))
-    try:
-        with pytest.raises(PluginError, match="queue index"):
-            pm.message_store(name)(_settings(tmp_path), index)
-    finally:
-        index.close()
 
 
 @pytest.mark.parametrize("name", KV_STORES)
@@ -46,31 +34,23 @@ def test_reader_of_a_directory_without_a_store_raises_store_error(name, tmp_path
 def test_tiny_chunks_keep_every_record_readable_and_retention_exact(name, tmp_path):
     """chunk_bytes smaller than a record: every record is a chunk of its own, so retention can
     cut at any record."""
-    pm = get_plugin_manager()
-    settings = _settings(tmp_path, chunk_bytes=1)
-    index = pm.queue_index(name)(settings)
-    store = pm.message_store(name)(settings, index)
-    store.open()
+    h = open_store(name, str(tmp_path / "data"), chunk_bytes=1)
     try:
         buf, starts = make_batch("t", 0, 0, 30)
-        res = store.append("t", 0, buf, starts)
-        for i, msg in enumerate(read_all(store, "t", 0, 0, 30)):
+        res = h.store.append("t", 0, buf, starts)
+        for i, msg in enumerate(read_all(h.store, "t", 0, 0, 30)):
             check_message(msg, "t", 0, i)
-        assert store.delete_before(res.positions[17]) > 0
-        assert store.queue_range("t", 0) == (17, 30)
+        assert h.store.delete_before(res.positions[17]) > 0
+        assert h.store.queue_range("t", 0) == (17, 30)
     finally:
-        store.close()
-        index.close()
+        h.close()
 
 
 def test_lmdb_full_map_is_a_store_error_naming_the_option(tmp_path):
     if "lmdb" not in store_names():
         pytest.fail("the lmdb store plugin is not installed")
-    pm = get_plugin_manager()
-    settings = _settings(tmp_path, map_size=1 << 20)
-    index = pm.queue_index("lmdb")(settings)
-    store = pm.message_store("lmdb")(settings, index)
-    store.open()
+    h = open_store("lmdb", str(tmp_path / "data"), map_size=1 << 20)
+    store = h.store
     try:
         with pytest.raises(StoreError, match="map_size"):
             for first in range(0, 100_000, 500):
@@ -81,30 +61,24 @@ def test_lmdb_full_map_is_a_store_error_naming_the_option(tmp_path):
         for i, msg in enumerate(read_all(store, "t", 0, lo, hi)):
             check_message(msg, "t", 0, i)
     finally:
-        store.close()
-        index.close()
+        h.close()
 
 
 def test_rocksdb_unknown_compression_is_a_config_error_listing_the_choices(tmp_path):
     with pytest.raises(ConfigError, match="zstd"):
-        get_plugin_manager().queue_index("rocksdb")(_settings(tmp_path, compression="brotli"))
+        get_plugin_manager().store_engine("rocksdb")(_settings(tmp_path, compression="brotli"))
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
 def test_rocksdb_compression_choice_round_trips_records(compression, tmp_path):
-    pm = get_plugin_manager()
-    settings = _settings(tmp_path, compression=compression)
-    index = pm.queue_index("rocksdb")(settings)
-    store = pm.message_store("rocksdb")(settings, index)
-    store.open()
+    h = open_store("rocksdb", str(tmp_path / "data"), compression=compression)
     try:
         buf, starts = make_batch("t", 0, 0, 200)
-        store.append("t", 0, buf, starts)
-        for i, msg in enumerate(read_all(store, "t", 0, 0, 200)):
+        h.store.append("t", 0, buf, starts)
+        for i, msg in enumerate(read_all(h.store, "t", 0, 0, 200)):
             check_message(msg, "t", 0, i)
     finally:
-        store.close()
-        index.close()
+        h.close()
 
 
 def test_rocksdb_read_only_reader_does_not_follow_live_writes(tmp_path):

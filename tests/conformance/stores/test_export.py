@@ -51,7 +51,7 @@ def test_reader_sees_the_queues_ranges_times_and_group_offsets_the_broker_wrote(
     h = harness.open()
     append(h, T, 0, 8)
     append(h, T, 2, 3)
-    offsets = harness.offsets()
+    offsets = h.engine.offsets
     offsets.commit("g", T, 0, 6)
     offsets.persist()
     h.store.flush()
