@@ -114,7 +114,8 @@ async def _broker_with_old_data(data_dir):
 
     broker = Broker(load(overrides={"data_dir": str(data_dir), "port": free_port(),
                                     "retention_hours": 0, "retention_check_s": 3600,
-                                    "retention_policy": "time",
+                                    "retention_policy": "time", "max_frame_size": 65000,
+                                    "max_body_size": 16384,
                                     "store_options": {"file": {"chunk_size": 65536}}}))
     await broker.start()
     for _ in range(200):

@@ -101,15 +101,13 @@ def _append_offline(data_dir, topic: str, queue_id: int, records: list[bytes]) -
     cfg = Config(data_dir=str(data_dir))
     settings = StoreSettings(data_dir=cfg.data_dir, flush="sync", flush_interval_ms=50,
                              options=cfg.store_settings_options())
-    pm = get_plugin_manager()
-    store = pm.message_store(cfg.store)(settings, pm.queue_index(cfg.store)(settings))
-    store.open()
+    engine = get_plugin_manager().store_engine(cfg.store)(settings)
     try:
         batch = bytearray(b"".join(records))
-        store.append(topic, queue_id, batch, record.scan(batch))
-        store.flush()
+        engine.messages.append(topic, queue_id, batch, record.scan(batch))
+        engine.messages.flush()
     finally:
-        store.close()
+        engine.close()
 
 
 def test_a_malformed_record_in_the_schedule_topic_is_quarantined_and_delivery_goes_on(fast_broker):
