@@ -45,6 +45,7 @@ from equeue_core.errors import (
 from equeue_core.export import BROKER_INFO
 from equeue_core.frame import Frame
 from equeue_core.plugins import PluginManager, get_plugin_manager
+from equeue_core.threads import run_to_end
 
 log = logging.getLogger("equeue.broker")
 
@@ -150,7 +151,7 @@ class Broker:
         while True:
             await asyncio.sleep(interval)
             try:
-                await asyncio.to_thread(self.offsets.persist)  # its fsync stays off the event loop
+                await run_to_end(self.offsets.persist)  # its fsync stays off the event loop
             except Exception:
                 log.exception("persisting offsets failed")
 
@@ -429,7 +430,7 @@ class Broker:
         scan_limit = max(1, min(_int(h, "scan_limit", 100_000), 10_000_000))
         self.topics.queues(topic)
         # Store reads are thread-safe by contract; a long scan must not stall the event loop.
-        records, scanned = await asyncio.to_thread(self.find_by_key, topic, key, max_results, scan_limit)
+        records, scanned = await run_to_end(self.find_by_key, topic, key, max_results, scan_limit)
         return frame.response({"count": len(records), "scanned": scanned}, b"".join(records))
 
     async def on_broker_info(self, conn: ServerConnection, frame: Frame) -> Frame:

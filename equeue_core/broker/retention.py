@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from equeue_core import record
 from equeue_core.broker.topics import DLQ_PREFIX
 from equeue_core.errors import EQueueError
+from equeue_core.threads import run_to_end
 
 if TYPE_CHECKING:
     from equeue_core.broker.broker import Broker
@@ -179,12 +180,7 @@ class RetentionCleaner:
         """One round on a worker thread (module docstring: why that is safe); the loop serves on.
         Cancelled (the broker stopping), it still waits for the round to end: a thread must never
         go on deleting in a store that is being closed."""
-        round_ = asyncio.ensure_future(asyncio.to_thread(self.clean_once))
-        try:
-            return await asyncio.shield(round_)
-        except asyncio.CancelledError:
-            await asyncio.wait({round_})
-            raise
+        return await run_to_end(self.clean_once)
 
     async def run_forever(self) -> None:
         while True:

@@ -75,6 +75,7 @@ from equeue_core.errors import (
     StoreError,
 )
 from equeue_core.frame import Frame
+from equeue_core.threads import run_to_end
 
 if TYPE_CHECKING:
     from equeue_core.broker.broker import Broker
@@ -398,7 +399,7 @@ class Scheduler:
                     # The copies are durable before the progress that passes them is (sync
                     # flush), and the fsync of the progress file runs off the event loop.
                     await self.broker.durable(last)
-                    await asyncio.to_thread(self._save_progress, self._progress())
+                    await run_to_end(self._save_progress, self._progress())
                     self._saved = self._open_from
             except Exception:
                 log.exception("delivering delayed messages failed; retrying in 1 s")
@@ -408,7 +409,7 @@ class Scheduler:
         """Persist when the ring moved on without a delivery (a bucket closed), so a restart does
         not reopen finished buckets."""
         if self._open_from != self._saved:
-            await asyncio.to_thread(self._save_progress, self._progress())
+            await run_to_end(self._save_progress, self._progress())
             self._saved = self._open_from
 
     # ---------------------------------------------------------------- delivery
