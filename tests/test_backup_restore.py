@@ -13,7 +13,7 @@ from tests.helpers.broker import BrokerProcess
 from tests.helpers.consume import consume
 
 
-@pytest.mark.parametrize("store", installed("equeue_message_stores"))
+@pytest.mark.parametrize("store", installed("equeue_store_engines"))
 def test_a_copy_of_a_stopped_data_dir_serves_every_message_and_offset(tmp_path, store):
     original = BrokerProcess(tmp_path / "data", store=store).start()
     try:
