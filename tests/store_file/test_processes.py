@@ -40,16 +40,17 @@ def read_line(proc: subprocess.Popen, timeout: float) -> str | None:
 
 
 def test_reader_sees_prefix_while_writing(tmp_path) -> None:
-    proc = start_writer(tmp_path, "async", 6.0, 20, 0.002)
+    proc = start_writer(tmp_path, "async", 40.0, 20, 0.002)  # stopped by the test once it has seen enough
     try:
         assert (read_line(proc, 15) or "").startswith("ack"), proc.stderr.read() if proc.poll() else ""
         reader = FileStoreReader(str(tmp_path), {})
         seen_ends = []
-        # read until the reader has seen the end move a few times (bounded in rounds and time,
-        # generous for a loaded machine: the writer runs for 6 s)
+        # read until the reader has seen the end move a few times and the writer has rolled a
+        # chunk meanwhile (bounded in rounds and time, generous for a loaded machine)
         deadline = time.monotonic() + 30
         rounds = 0
-        while time.monotonic() < deadline and rounds < 200 and len(set(seen_ends)) < 4:
+        while time.monotonic() < deadline and rounds < 2000 and (
+                len(set(seen_ends)) < 4 or len(os.listdir(tmp_path / "commitlog")) < 2):
             rounds += 1
             lo, hi = reader.queue_range("t", 0)
             offsets: list[int] = []
