@@ -18,9 +18,9 @@ are `[A-Za-z0-9_.%-]`, so the 0x00 after a topic can never be part of it.
              b"schedule_progress" is missing)
 
 A group or topic must fit its u16 length (1..65535 bytes), a queue id its u32 and an offset
-0..2**63-1: equeue_core/offset_limits.py
-checks that before anything is packed (the broker refuses such a COMMIT_OFFSETS with
-`invalid_offset`, kv/offsets.py's `commit` refuses it too), so `offset_key` never sees one.
+0..2**63-1: equeue_core/offset_limits.py checks that before anything is packed (the broker
+refuses such a COMMIT_OFFSETS with `invalid_offset`, kv/offsets.py's `commit` refuses it too), so
+`offset_key` never sees one.
 """
 
 from __future__ import annotations
