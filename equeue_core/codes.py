@@ -9,38 +9,47 @@ from enum import IntEnum
 
 
 class Code(IntEnum):
+    # Each comment: request header fields (? = optional) + body -> response header + body.
+    # The handler named after `@` reads exactly these fields; docs/protocol.md has the full table.
     # producer
-    SEND = 1             # {topic, queue_id} + body: records -> {queue_id, first_offset, positions, id_prefix}
-    ROUTE = 2            # {topic, create?} -> {topic, queues, broker, id_prefix}
+    SEND = 1             # {topic, queue_id, delay_level? | deliver_at? (epoch ms)} + body: records
+                         #   -> {queue_id, first_offset, positions, id_prefix}  @ Broker.on_send
+    ROUTE = 2            # {topic, create?} -> {topic, queues, broker, id_prefix}  @ Broker.on_route
     # consumer
-    PULL = 10            # {group, topic, queue_id, offset, max_count, tags?, hold_ms, strict?}
+    PULL = 10            # {topic, queue_id, offset, max_count?, tags?, hold_ms?, strict?} (group: logged only)
                          #   -> {status, next_offset, min_offset, max_offset, count} + body: records
-    COMMIT_OFFSETS = 11  # {group, offsets: [[topic, queue_id, offset], ...]} -> {}; all or nothing
+                         #   @ Broker.on_pull
+    COMMIT_OFFSETS = 11  # {group, offsets: [[topic, queue_id, offset], ...]} -> {} (one-way allowed);
+                         #   all or nothing (invalid_offset)  @ Broker.on_commit_offsets
     QUERY_OFFSET = 12    # {group, topic, queue_id} -> {offset: int | None, min_offset, max_offset}
-    HEARTBEAT = 13       # {client_id, group, mode, subscriptions} -> {members}
+    HEARTBEAT = 13       # {client_id, group, mode?, subscriptions?, queues?} -> {members}  @ GroupRegistry.on_heartbeat
     UNREGISTER = 14      # {client_id, group} -> {}
     GROUP_MEMBERS = 15   # {group} -> {members: [client ids]}
-    SEND_BACK = 16       # {group, position, max_reconsume, delay_level?} -> {}
+    SEND_BACK = 16       # {group, msg_id, max_reconsume?, delay_level?} -> {topic: retry or DLQ topic}
+                         #   @ Scheduler.on_send_back (schedule.py)
     LOCK_QUEUES = 17     # {group, client_id, queues: [[topic, q]...]} -> {locked: [[topic, q]...]}
     UNLOCK_QUEUES = 18   # {group, client_id, queues} -> {}
-    GROUP_CHANGED = 19   # push: {group}
+    GROUP_CHANGED = 19   # push from the broker (request id 0): {group}
     # admin
-    CREATE_TOPIC = 20    # {topic, queues} -> {topic, queues}
-    LIST_TOPICS = 21     # {} -> {topics: {name: {queues, ranges: [[min, max]...]}}}
-    GET_MESSAGE = 22     # {msg_id} -> body: one record
+    CREATE_TOPIC = 20    # {topic, queues?} -> {topic, queues}
+    LIST_TOPICS = 21     # {system?} -> {topics: {name: {queues, ranges: [[min, max]...]}}}
+    GET_MESSAGE = 22     # {msg_id} -> {} + body: one record
     QUEUE_RANGES = 23    # {topic} -> {ranges: [[min, max]...]}
-    GROUP_INFO = 24      # {group?} -> {groups: {...}}
-    RESET_OFFSETS = 25   # {group, topic, to: "earliest"|"latest"|ts_ms} -> {offsets}
+    GROUP_INFO = 24      # {group?} -> {groups: {name: {members, queues, retry_topic, dlq_topic}}}
+    RESET_OFFSETS = 25   # {group, topic, to: "earliest"|"latest"|ts_ms} -> {offsets: [[topic, queue_id, offset]]}
     DELETE_TOPIC = 26    # {topic} -> {}
     OFFSET_FOR_TIME = 27  # {topic, queue_id, ts_ms} -> {offset}
-    BROKER_INFO = 28     # {} -> {address, store, transport, version, flush}
+    BROKER_INFO = 28     # {} -> {address, store, transport, flush, version, data_dir, recovery, stats,
+                         #   held_pulls, scheduler}  @ Broker.on_broker_info
     QUERY_BY_KEY = 29    # {topic, key, max?, scan_limit?} -> {count, scanned} + body: records, newest first
-    BROKER_STATS = 30    # {} -> {topics, groups, held_pulls, connections, disk, latency, ...} (docs/operations.md)
+    BROKER_STATS = 30    # {} -> {time, started, address, store, transport, flush, topics, groups, held_pulls,
+                         #   connections, scheduled, retention_released_bytes, recovery, latency, disk}
+                         #   @ BrokerMetrics.on_broker_stats (docs/operations.md)
     SKIP_RECORD = 31     # {group, topic, queue_id, offset} -> {skipped, next_offset, previous, corrupt}
-    # name server (equeue nameserver; docs/cluster.md)
+    # name server (equeue nameserver; docs/cluster.md); a broker answers these with unknown_request
     REGISTER_BROKER = 40    # {cluster, name, address, data_version, topics: {name: {queues, perm}}}
                             #   -> {cluster, name, expiry_s}; broker_name_conflict if the name is taken
-    UNREGISTER_BROKER = 41  # {cluster, name, address} -> {removed: bool}
+    UNREGISTER_BROKER = 41  # {cluster, name, address} -> {removed: bool} (one-way allowed)
     GET_ROUTE = 42          # {topic} -> {topic, brokers: [{cluster, name, address, queues, perm}]}
     GET_CLUSTER_INFO = 43   # {} -> {clusters: {cluster: [names]}, brokers: [{cluster, name, address, topics,
                             #   data_version, heartbeat_age_s, registered_age_s}]}

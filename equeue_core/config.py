@@ -1,7 +1,10 @@
 """Configuration: embedded defaults < TOML file < EQUEUE_<KEY> environment < explicit overrides.
 
-docs/config.md lists every key. Values are validated here so a bad setting fails at start with
-one clear line, not deep inside a plugin.
+docs/config.md lists every key with its default (tests/test_config_docs.py keeps the two equal).
+`validate` checks the values it can check alone, so a bad setting fails at start with one clear
+line, not deep inside a plugin; a check that needs the store (the file store's chunk_size against
+max_frame_size) is made by the store when it opens. Environment variables set only scalar keys
+(`store_options` comes from the file or overrides).
 """
 
 from __future__ import annotations
@@ -153,7 +156,9 @@ def parse_delay_levels(text: str) -> list[int]:
 
 def load(path: str | None = None, overrides: Mapping[str, Any] | None = None,
          environ: Mapping[str, str] | None = None) -> Config:
-    """Build the effective config. Unknown keys in the file or EQUEUE_* env are errors."""
+    """Build the effective config. An unknown key in the file or in `overrides` is an error; an
+    EQUEUE_* variable that names no key is ignored (others, such as EQUEUE_LOG_LEVEL, are read
+    elsewhere), and EQUEUE_STORE_OPTIONS is ignored too."""
     values: dict[str, Any] = {}
     if path:
         try:

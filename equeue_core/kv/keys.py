@@ -1,7 +1,7 @@
 """Key and value layouts shared by the LMDB and RocksDB stores (docs/stores.md, "On disk").
 
-Both stores import this module (and chunks.py, queries.py beside it), so they lay out bytes the
-same way.
+Both stores import this module (and chunks.py, queries.py and offsets.py beside it), so they lay out
+bytes the same way.
 
 Integers in keys are big-endian so byte order is numeric order (range scans and seeks work);
 integers in values are little-endian like every other integer in equeue (record.py). Topic names
@@ -14,6 +14,13 @@ are `[A-Za-z0-9_.%-]`, so the 0x00 after a topic can never be part of it.
     state    b"next_position" | b"min_position"                -> u64 LE; b"clean" -> 0x00 | 0x01
     offsets  u16 BE len, group, u16 BE len, topic, queue_id u32 BE -> next offset u64 LE
     meta     key (UTF-8): b"topics" | b"schedule_progress"     -> JSON value (equeue_core/metadata.py)
+             (b"schedule_delivered": the layout before the store-engine hook, read only while
+             b"schedule_progress" is missing)
+
+A group or topic must fit its u16 length (1..65535 bytes), a queue id its u32 and an offset
+0..2**63-1: equeue_core/offset_limits.py checks that before anything is packed (the broker
+refuses such a COMMIT_OFFSETS with `invalid_offset`, kv/offsets.py's `commit` refuses it too), so
+`offset_key` never sees one.
 """
 
 from __future__ import annotations

@@ -489,9 +489,11 @@ class FileMessageStore:
 
     def read_queue(self, topic: str, queue_id: int, offset: int, max_count: int,
                    max_bytes: int, tag_hashes: frozenset[int] | None = None) -> PullResult:
-        """Records from offset on, each verified before it is served (record.damage: size, magic,
-        lengths, crc, and the position its index entry names). A damaged record ends the pull
-        before it; a pull that starts at it raises CorruptRecordError naming its place."""
+        """Records from offset on. Those below `_verified_from` are checked on this read
+        (record.damage: size, magic, lengths, crc, and the position its index entry names); those
+        at or past it were verified once in this process and are served without a second crc (see
+        the module docstring). A damaged record ends the pull before it; a pull that starts at it
+        raises CorruptRecordError naming its place."""
         lo, hi = self._range(topic, queue_id)
         if offset == hi:
             return PullResult(b"", 0, offset, lo, hi)

@@ -165,9 +165,9 @@ class FrameReader:
 def decode(data: bytes | bytearray | memoryview) -> wire.Frame:
     """`frame.decode`, but every failure is a ProtocolError.
 
-    The kernel's decode lets a few hostile headers escape as other exceptions (deeply nested
-    msgpack: RecursionError; a map key that is not UTF-8: UnicodeDecodeError); one of those must
-    not take a connection handler down, so they are mapped here (reported to the kernel owners).
+    The kernel's decode already maps hostile headers (deeply nested msgpack, keys that are not
+    UTF-8, wrong types) to ProtocolError; this is a second net, so an exception a future msgpack
+    version raises for some other header can never take a connection handler down.
     """
     try:
         return wire.decode(data)

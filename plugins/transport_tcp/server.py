@@ -282,7 +282,10 @@ class TcpServerConnection(asyncio.BufferedProtocol):
 
 
 def _plain(details: Mapping[str, object]) -> dict[str, object]:
-    """Error details as msgpack-safe values (anything else becomes its str)."""
+    """Error details as msgpack-safe values (anything else becomes its str). Used for errors the
+    transport answers itself: a handler that raised an EQueueError, a response over the frame
+    maximum, the too_many_connections refusal. Broker.handle and dispatch() answer a handler's
+    errors themselves and leave out details that are not int/str/float (docs/protocol.md)."""
     out: dict[str, object] = {}
     for k, v in details.items():
         out[str(k)] = v if isinstance(v, (str, int, float, bool, type(None))) else str(v)

@@ -25,7 +25,11 @@ from equeue_core.errors import FrameTooLargeError, ProtocolError
 
 SPLIT_AT = 64 * 1024  # buffers this large are sent as their own part, uncopied
 FLUSH_BYTES = 256 * 1024  # a batch this large is sent at once instead of at the end of the iteration
-HWM = 100_000  # messages queued per peer before a send waits (bounded, but far above 1000 in flight)
+# Messages queued per peer, both directions, on every socket (set_common_options). The server's
+# ROUTER then lowers its SNDHWM to max_connection_bytes / (2 * FLUSH_BYTES), at least 2, so replies
+# a peer does not read wait in that peer's own outbox (server.py); its RCVHWM stays this large on
+# purpose (a small one makes libzmq 4.3.5 abort the process, docs/protocol.md "Limits per connection").
+HWM = 100_000
 
 Head = tuple[int, int, int, int, int, int, int, int]
 
@@ -112,8 +116,9 @@ def _head(buf: memoryview) -> Head | None:
 
 
 def decode(data: memoryview) -> wire.Frame:
-    """`frame.decode`, but every failure is a ProtocolError (the kernel's decode lets a deeply
-    nested header escape as RecursionError and a non-UTF-8 key as UnicodeDecodeError)."""
+    """`frame.decode`, but every failure is a ProtocolError. The kernel's decode already maps
+    hostile headers (deeply nested, non-UTF-8 keys, wrong types) to ProtocolError; this is a
+    second net so no other exception from a header can take the receive loop down."""
     try:
         return wire.decode(data)
     except ProtocolError:
@@ -186,6 +191,9 @@ def set_common_options(sock: zmq.Socket, socket_buffer: int, heartbeat_ivl: floa
 
 
 def plain(details: dict) -> dict:
-    """Error details as msgpack-safe values (anything else becomes its str)."""
+    """Error details as msgpack-safe values (anything else becomes its str). Used for errors the
+    transport answers itself: a handler that raised an EQueueError, a response over the frame
+    maximum. Broker.handle and dispatch() answer a handler's errors themselves and leave out
+    details that are not int/str/float (docs/protocol.md, "Error frames")."""
     return {str(k): v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
             for k, v in details.items()}
