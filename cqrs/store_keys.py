@@ -19,12 +19,27 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
 
 
+_pack_version = _VERSION.pack
+# aggregate id -> its checked key prefix: a batch writes the events of the same few aggregates
+# again and again, and the check plus the encode cost more than the dict lookup. Bounded: cleared
+# when full (the ids come back on their next write).
+_prefixes: dict[str, bytes] = {}
+_MAX_PREFIXES = 100_000
+
+
 def event_prefix(aggregate_id: str) -> bytes:
-    return check_id("aggregate id", aggregate_id) + b"\x00"
+    prefix = _prefixes.get(aggregate_id)
+    if prefix is None:
+        prefix = check_id("aggregate id", aggregate_id) + b"\x00"
+        if len(_prefixes) >= _MAX_PREFIXES:
+            _prefixes.clear()
+        _prefixes[aggregate_id] = prefix
+    return prefix
 
 
 def event_key(aggregate_id: str, version: int) -> bytes:
-    return event_prefix(aggregate_id) + _VERSION.pack(version)
+    prefix = _prefixes.get(aggregate_id)
+    return (prefix or event_prefix(aggregate_id)) + _pack_version(version)
 
 
 def split_event_key(key: bytes) -> tuple[str, int]:

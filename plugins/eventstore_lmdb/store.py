@@ -67,14 +67,16 @@ class LmdbEventStore:
 
     def append(self, batch: EventBatch) -> None:
         self._check_open()
+        event_key, event_value = keys.event_key, keys.event_value
+        command_key, command_value = keys.command_key, keys.command_value
+        events_db, commands_db = self.events, self.commands
         with self.env.begin(write=True) as txn:
+            put = txn.put
             for e in batch.events:
-                if not txn.put(keys.event_key(e.aggregate_id, e.version), keys.event_value(e),
-                               db=self.events, overwrite=False):
+                if not put(event_key(e.aggregate_id, e.version), event_value(e), db=events_db, overwrite=False):
                     raise VersionConflictError(e.aggregate_id, e.version)
             for c in batch.commands:
-                if not txn.put(keys.command_key(c.command_id), keys.command_value(c), db=self.commands,
-                               overwrite=False):
+                if not put(command_key(c.command_id), command_value(c), db=commands_db, overwrite=False):
                     raise DuplicateCommandError(c.command_id, c.aggregate_id)
             for s in batch.snapshots:
                 key = keys.check_id("aggregate id", s.aggregate_id)

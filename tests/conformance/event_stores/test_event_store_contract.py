@@ -61,6 +61,13 @@ def test_the_same_version_twice_in_one_batch_is_a_conflict(open_store):
     assert s.read_events("a") == []
 
 
+def test_the_same_command_id_twice_in_one_batch_is_a_duplicate_and_nothing_is_written(open_store):
+    s = open_store()
+    with pytest.raises(DuplicateCommandError, match="c1"):
+        s.append(EventBatch([ev("a", 1, "c1"), ev("b", 1, "c1")], [cmd("c1", "a", 1, 1), cmd("c1", "b", 1, 1)]))
+    assert s.read_events("a") == [] and s.read_events("b") == [] and s.command_results(["c1"]) == {}
+
+
 def test_a_stored_command_id_is_a_duplicate_and_nothing_is_written(open_store):
     s = open_store()
     s.append(EventBatch([], [cmd("c1", "a")]))
