@@ -1,0 +1,220 @@
+"""Producers, consumers and the admin client over a cluster (docs/cluster.md, "Clients").
+
+Real name servers and brokers on 127.0.0.1, each started and stopped by its test. A message's
+broker is read from its id (the first 12 hex digits encode the broker's host:port, msgid.py),
+so order and completeness are checked per (broker, queue) without trusting the client's own view.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from equeue_core.client import AdminClient, Consumer, Message, Producer
+from equeue_core.client.fault import LatencyFaultTolerance
+from equeue_core.errors import TopicNotFoundError, TransportError
+from tests.helpers.broker import BrokerProcess, free_port
+from tests.helpers.nameserver import NameServerProcess, cluster_args, wait_for
+
+NAMES = ("broker-a", "broker-b", "broker-c")
+
+
+@contextlib.contextmanager
+def cluster(tmp_path: Path, brokers: int = 3, nameservers: int = 2):
+    """Name servers, then brokers registered with all of them; all stopped at the end."""
+    with contextlib.ExitStack() as stack:
+        nss = [NameServerProcess(tmp_path) for _ in range(nameservers)]
+        for ns in nss:
+            ns.start()
+            stack.callback(ns.stop)
+        bs = [BrokerProcess(tmp_path / n, extra_args=cluster_args(nss, n)) for n in NAMES[:brokers]]
+        for b in bs:
+            b.start()
+            stack.callback(b.stop)
+        yield nss, bs, ",".join(ns.address for ns in nss)
+
+
+class Recorder:
+    """A handler recording (broker id prefix, queue id, queue offset, body) per delivery."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seen: list[tuple[str, int, int, bytes]] = []
+
+    def __call__(self, m) -> None:
+        with self.lock:
+            self.seen.append((m.msg_id[:12], m.queue_id, m.queue_offset, m.body))
+
+    def bodies(self) -> set[bytes]:
+        with self.lock:
+            return {s[3] for s in self.seen}
+
+
+def start_consumers(nameserver: str, group: str, topic: str, n: int, handler, **options) -> list[Consumer]:
+    out = []
+    for _ in range(n):
+        c = Consumer(group, nameserver=nameserver, consume_from="first", route_refresh_s=1.0,
+                     rebalance_interval=1.0, **options)
+        out.append(c.subscribe(topic).start(handler))
+    return out
+
+
+def test_sixty_thousand_messages_over_three_brokers_each_queue_in_order(tmp_path):
+    total = 60_000
+    with cluster(tmp_path) as (_nss, _bs, nameserver):
+        with AdminClient(nameserver=nameserver) as admin:
+            assert admin.create_topic("orders", 4) == {n: 4 for n in NAMES}
+        rec = Recorder()
+        consumers = start_consumers(nameserver, "g", "orders", 3, rec)
+        try:
+            # the group settles: 12 (broker, queue) pairs, 4 each, no pair twice
+            wait_for(lambda: sorted(len(c.assigned_queues()) for c in consumers) == [4, 4, 4]
+                     and len({q for c in consumers for q in c.assigned_queues()}) == 12,
+                     timeout=30, what="12 queues shared 4/4/4")
+            with Producer(nameserver=nameserver) as producer:
+                futures = [producer.send_async(Message("orders", b"%d" % i)) for i in range(total)]
+                results = [f.result(120) for f in futures]
+            assert Counter(r.broker for r in results) == {n: total // 3 for n in NAMES}  # round robin
+            wait_for(lambda: len(rec.bodies()) == total, timeout=180, what=f"{total} messages consumed")
+        finally:
+            for c in consumers:
+                c.close()
+    deliveries = Counter(s[3] for s in rec.seen)
+    duplicates = sum(n - 1 for n in deliveries.values())
+    print(f"\n{total} messages, {len(rec.seen)} deliveries, {duplicates} duplicates")
+    per_queue: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for prefix, q, off, _body in rec.seen:
+        per_queue[(prefix, q)].append(off)
+    assert len(per_queue) == 12
+    for key, offsets in per_queue.items():
+        first_seen = list(dict.fromkeys(offsets))
+        assert first_seen == list(range(len(first_seen))), f"{key} out of order"
+    assert duplicates == 0  # a stable group with no failure redelivers nothing
+
+
+@pytest.mark.failure
+def test_producer_and_consumers_ride_out_a_broker_killed_mid_stream(tmp_path):
+    with cluster(tmp_path) as (_nss, bs, nameserver):
+        with AdminClient(nameserver=nameserver) as admin:
+            admin.create_topic("t", 4)
+        rec = Recorder()
+        consumers = start_consumers(nameserver, "g", "t", 2, rec)
+        acked: dict[bytes, str] = {}
+        failed = 0
+        killed_at = None
+        first_after_kill = None
+        try:
+            with Producer(nameserver=nameserver, send_timeout=5.0) as producer:
+                i = 0
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    body = b"%d" % i
+                    i += 1
+                    try:
+                        r = producer.send(Message("t", body), timeout=30)
+                    except TransportError:
+                        failed += 1  # a clear error, never a silent loss
+                        continue
+                    acked[body] = r.broker
+                    if killed_at is None and len(acked) == 2000:
+                        bs[1].kill()
+                        killed_at = time.monotonic()
+                    elif killed_at is not None and first_after_kill is None:
+                        first_after_kill = time.monotonic() - killed_at
+                    if killed_at is not None and time.monotonic() - killed_at > 3 and len(acked) >= 4000:
+                        break
+            assert first_after_kill is not None and first_after_kill < 10, first_after_kill
+            after = [b for b, broker in acked.items() if int(b) > 2000]
+            assert after and all(acked[b] != "broker-b" for b in after[len(after) // 2:])
+            bs[1].start()  # same port, same data dir
+            wait_for(lambda: rec.bodies() >= set(acked), timeout=120,
+                     what="every acknowledged message consumed after the broker returned")
+            wait_for(lambda: any(q.broker == "broker-b" for c in consumers for q in c.assigned_queues()),
+                     timeout=30, what="broker-b's queues taken back")
+        finally:
+            for c in consumers:
+                c.close()
+    print(f"\nkill -9 -> first send on another broker: {first_after_kill:.3f}s; {failed} sends failed "
+          f"with an error; {len(acked)} acknowledged, all consumed")
+
+
+@pytest.mark.failure
+def test_clients_keep_working_through_the_other_name_server(tmp_path):
+    with cluster(tmp_path, brokers=2) as (nss, _bs, nameserver):
+        with AdminClient(nameserver=nameserver) as admin:
+            admin.create_topic("t", 2)
+        rec = Recorder()
+        consumers = start_consumers(nameserver, "g", "t", 1, rec)
+        try:
+            with Producer(nameserver=nameserver, route_refresh_s=0.5) as producer:
+                sent = {producer.send(Message("t", b"a%d" % i)).msg_id for i in range(50)}
+                nss[0].kill()
+                time.sleep(1.0)  # routes older than route_refresh_s: the next send asks a name server
+                sent |= {producer.send(Message("t", b"b%d" % i)).msg_id for i in range(50)}
+            with Producer(nameserver=nameserver) as fresh:  # a new client that may pick the dead one
+                brokers = {fresh.send(Message("t", b"c%d" % i)).broker for i in range(20)}
+            assert brokers == {"broker-a", "broker-b"}
+            with AdminClient(nameserver=nameserver) as admin:
+                assert sorted(admin.topics()) == ["broker-a", "broker-b"]
+            wait_for(lambda: len(rec.bodies()) == 120, timeout=60, what="120 messages consumed")
+        finally:
+            for c in consumers:
+                c.close()
+    assert len(sent) == 100
+
+
+def test_unknown_nameserver_is_one_clear_error(tmp_path):
+    dead = f"127.0.0.1:{free_port()}"
+    with pytest.raises(TransportError) as e:
+        Producer(nameserver=dead).start()
+    assert str(e.value).startswith("no name server reachable: ")
+    assert "\n" not in str(e.value)
+    with pytest.raises(TransportError):
+        AdminClient(nameserver=dead)
+
+
+def test_topic_with_no_route_is_one_clear_error(tmp_path):
+    with cluster(tmp_path, brokers=1, nameservers=1) as (_nss, _bs, nameserver):
+        with Producer(nameserver=nameserver) as producer, pytest.raises(TopicNotFoundError) as e:
+            producer.send(Message("nowhere", b"x"))
+        assert str(e.value) == "topic 'nowhere' has no route: no live broker registered it"
+        c = Consumer("g", nameserver=nameserver).subscribe("nowhere")
+        with pytest.raises(TopicNotFoundError):
+            c.start(lambda m: None)
+
+
+def test_routing_key_keeps_one_queue_and_message_id_leads_to_its_broker(tmp_path):
+    with cluster(tmp_path, brokers=2, nameservers=1) as (_nss, _bs, nameserver):
+        with AdminClient(nameserver=nameserver) as admin:
+            admin.create_topic("k", 3, brokers=["broker-b"])
+            admin.create_topic("k", 3, brokers=["broker-a"])
+            with Producer(nameserver=nameserver, selector="random") as producer:
+                keyed = [producer.send(Message("k", b"%d" % i, keys=["order-7"]), routing_key="order-7")
+                         for i in range(30)]
+            assert len({(r.broker, r.queue_id) for r in keyed}) == 1
+            assert [r.queue_offset for r in keyed] == list(range(keyed[0].queue_offset, keyed[0].queue_offset + 30))
+            m = admin.get_message(keyed[5].msg_id)
+            assert m.body == b"5"
+            found = admin.find_by_key("k", "order-7")
+            assert len(found) == 30
+            ranges = admin.queue_ranges("k")
+            assert set(ranges) == {"broker-a", "broker-b"}
+
+
+def test_a_failing_broker_is_avoided_longer_with_each_failure():
+    now = [0.0]
+    ft = LatencyFaultTolerance(failure_base_s=1.0, failure_max_s=8.0, clock=lambda: now[0])
+    assert [ft.failed("a") for _ in range(5)] == [1.0, 2.0, 4.0, 8.0, 8.0]
+    assert ft.preferred({"a", "b"}) == {"b"}
+    assert ft.preferred({"a"}) == {"a"}  # all avoided: still send somewhere
+    now[0] = 100.0
+    assert ft.available("a")
+    ft.succeeded("a", 0.6)  # slow (>= 550 ms): RocketMQ's 30 s window
+    assert not ft.available("a") and ft.unavailable_for("a") == pytest.approx(30.0)
+    ft.succeeded("a", 0.01)
+    assert ft.available("a")
