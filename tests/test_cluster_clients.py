@@ -8,6 +8,10 @@ so order and completeness are checked per (broker, queue) without trusting the c
 from __future__ import annotations
 
 import contextlib
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -81,12 +85,14 @@ def test_sixty_thousand_messages_over_three_brokers_each_queue_in_order(tmp_path
                 results = [f.result(120) for f in futures]
             assert Counter(r.broker for r in results) == {n: total // 3 for n in NAMES}  # round robin
             wait_for(lambda: len(rec.bodies()) == total, timeout=180, what=f"{total} messages consumed")
+            before_close = len(rec.seen)
         finally:
             for c in consumers:
                 c.close()
     deliveries = Counter(s[3] for s in rec.seen)
     duplicates = sum(n - 1 for n in deliveries.values())
-    print(f"\n{total} messages, {len(rec.seen)} deliveries, {duplicates} duplicates")
+    print(f"\n{total} messages, {len(rec.seen)} deliveries, {duplicates} duplicates, "
+          f"{before_close - total} of them before the consumers closed")
     per_queue: dict[tuple[str, int], list[int]] = defaultdict(list)
     for prefix, q, off, _body in rec.seen:
         per_queue[(prefix, q)].append(off)
@@ -94,7 +100,10 @@ def test_sixty_thousand_messages_over_three_brokers_each_queue_in_order(tmp_path
     for key, offsets in per_queue.items():
         first_seen = list(dict.fromkeys(offsets))
         assert first_seen == list(range(len(first_seen))), f"{key} out of order"
-    assert duplicates == 0  # a stable group with no failure redelivers nothing
+    # A stable group with no failure redelivers nothing. Closing the consumers one by one is a
+    # rebalance: a queue moves to a member that may start it from an offset committed before the
+    # last handled messages (at least once, as in RocketMQ); those duplicates are only reported.
+    assert before_close == total
 
 
 @pytest.mark.failure
@@ -218,3 +227,73 @@ def test_a_failing_broker_is_avoided_longer_with_each_failure():
     assert not ft.available("a") and ft.unavailable_for("a") == pytest.approx(30.0)
     ft.succeeded("a", 0.01)
     assert ft.available("a")
+
+
+def live_brokers(nameserver: str) -> int:
+    with AdminClient(nameserver=nameserver) as admin:
+        return len(admin.brokers())
+
+
+def test_dev_cluster_starts_five_processes_and_ctrl_c_stops_them_all(tmp_path):
+    ns_port, broker_port = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "equeue_core.cli.main", "dev-cluster", "--data-dir",
+                             str(tmp_path / "dev"), "--port", str(ns_port), "--broker-port", str(broker_port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("cluster "):
+                break
+        assert lines and lines[-1].startswith("cluster DefaultCluster up"), "".join(lines)
+        assert [ln.split()[0] for ln in lines[:5]] == ["nameserver-1", "nameserver-2", "broker-a", "broker-b",
+                                                       "broker-c"]
+        nameserver = f"127.0.0.1:{ns_port},127.0.0.1:{ns_port + 1}"
+        wait_for(lambda: live_brokers(nameserver) == 3, timeout=30, what="3 brokers")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, err
+    assert sorted(ln.split()[0] for ln in out.splitlines() if ln.endswith("stopped")) == [
+        "broker-a", "broker-b", "broker-c", "nameserver-1", "nameserver-2"]
+    assert {p.name for p in (tmp_path / "dev").iterdir() if p.is_dir()} == {"broker-a", "broker-b", "broker-c"}
+    for port in (ns_port, ns_port + 1, broker_port, broker_port + 10, broker_port + 20):
+        with pytest.raises(OSError):  # nothing listens any more
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "equeue_core.cli.main", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_cli_unknown_nameserver_and_topic_without_route_are_one_line(tmp_path):
+    dead = f"127.0.0.1:{free_port()}"
+    for cmd in (["produce", "--topic", "t", "--count", "1"], ["topics", "list"], ["groups"],
+                ["consume", "--topic", "t", "--group", "g", "--count", "1"]):
+        r = run_cli(*cmd, "--nameserver", dead)
+        assert r.returncode == 1 and r.stderr.startswith("equeue: no name server reachable: tcp://127.0.0.1:"), r
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    with cluster(tmp_path, brokers=2, nameservers=1) as (_nss, _bs, nameserver):
+        r = run_cli("produce", "--topic", "nowhere", "--count", "1", "--nameserver", nameserver)
+        assert r.returncode == 1
+        assert r.stderr.strip() == "equeue: topic 'nowhere' has no route: no live broker registered it"
+        r = run_cli("topics", "create", "t", "--queues", "2", "--brokers", "broker-z", "--nameserver", nameserver)
+        assert r.returncode == 1
+        assert r.stderr.strip() == "equeue: no live broker named broker-z; live: broker-a, broker-b"
+        r = run_cli("topics", "create", "t", "--queues", "2", "--brokers", "broker-b", "--nameserver", nameserver)
+        assert r.stdout.strip() == "topic t: 2 queues on broker-b", r
+        r = run_cli("produce", "--topic", "t", "--count", "10", "--nameserver", nameserver)
+        assert r.returncode == 0, r.stderr
+        r = run_cli("topics", "list", "--nameserver", nameserver)
+        assert r.stdout.splitlines()[1].split()[:4] == ["t", "broker-b", "2", "10"], r.stdout
+        r = run_cli("cluster", "--nameserver", nameserver)
+        assert r.stdout.splitlines()[0].split()[-2:] == ["in/s", "out/s"], r.stdout
