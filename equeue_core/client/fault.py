@@ -58,6 +58,10 @@ class LatencyFaultTolerance:
         f.until = max(f.until, self._clock() + window)
         return window
 
+    def has_faults(self) -> bool:
+        """False while no broker has failed or been slow: the per-message fast path."""
+        return bool(self._faults)
+
     def available(self, broker: str) -> bool:
         f = self._faults.get(broker)
         return f is None or self._clock() >= f.until

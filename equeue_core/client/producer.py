@@ -168,7 +168,7 @@ class AsyncProducer:
         selector chooses among the queues of the brokers fault tolerance does not avoid."""
         if routing_key is not None:
             return self._hash_selector.select(route.queues, routing_key)
-        if self._router is None:
+        if self._router is None or not self._fault.has_faults():
             return self._default_selector.select(route.queues, None)
         ok = self._fault.preferred({q.broker for q in route.queues})
         queues = route.queues if len(ok) == len({q.broker for q in route.queues}) else \
