@@ -297,3 +297,31 @@ def test_cli_unknown_nameserver_and_topic_without_route_are_one_line(tmp_path):
         assert r.stdout.splitlines()[1].split()[:4] == ["t", "broker-b", "2", "10"], r.stdout
         r = run_cli("cluster", "--nameserver", nameserver)
         assert r.stdout.splitlines()[0].split()[-2:] == ["in/s", "out/s"], r.stdout
+
+
+def test_broadcasting_keeps_each_brokers_offsets_apart(tmp_path):
+    """Queue ids repeat on every broker: a broadcasting member's local offsets must be kept per
+    broker, or broker-b's queue 0 would resume from broker-a's queue 0 offset."""
+    with cluster(tmp_path, brokers=2, nameservers=1) as (_nss, _bs, nameserver):
+        with AdminClient(nameserver=nameserver) as admin:
+            admin.create_topic("b", 1)
+        with Producer(nameserver=nameserver) as producer:
+            for i in range(30):  # 20 on one broker's queue 0, then 5 and 5: 25 there, 5 on the other
+                producer.send(Message("b", b"first-%d" % i), routing_key="k" if i < 20 else None)
+        for round_, expected in (("first", 30), ("second", 10)):
+            rec = Recorder()
+            c = Consumer("bc", nameserver=nameserver, mode="broadcasting", consume_from="first",
+                         offset_dir=str(tmp_path / "offsets")).subscribe("b").start(rec)
+            try:
+                wait_for(lambda rec=rec, expected=expected: len(rec.bodies()) >= expected, timeout=30,
+                         what=f"{expected} messages ({round_} round)")
+                time.sleep(0.5)
+            finally:
+                c.close()
+            if round_ == "first":
+                assert rec.bodies() == {b"first-%d" % i for i in range(30)}
+                with Producer(nameserver=nameserver) as producer:
+                    for i in range(10):
+                        producer.send(Message("b", b"second-%d" % i))
+            else:  # resumed where each broker's queue was left: only the new ones
+                assert rec.bodies() == {b"second-%d" % i for i in range(10)}

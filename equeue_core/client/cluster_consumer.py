@@ -176,7 +176,10 @@ class AsyncClusterConsumer:
         return sorted(members)
 
     async def _start_part(self, name: str, address: str) -> None:
-        part = AsyncConsumer(self.group, address, client_id=self.client_id, **self.options)
+        options = dict(self.options)
+        if self.mode == "broadcasting":  # local offsets are keyed topic:queue_id, so one file per broker
+            options["offset_dir"] = os.path.join(options.get("offset_dir", ".equeue-offsets"), name)
+        part = AsyncConsumer(self.group, address, client_id=self.client_id, **options)
         part.coordinator = self
         for topic, expression in self.subscriptions.items():
             part.subscribe(topic, expression)
