@@ -189,6 +189,8 @@ class AsyncClusterConsumer:
         except TransportError as e:  # in the route but not reachable (yet): try at the next rebalance
             log.warning("broker %s (%s) unreachable: %s", name, address, e)
             await part.close(drain_timeout=0)
+            if part._pool is not None:  # created before the connection failed; close() skips it
+                part._pool.shutdown(wait=False)
             return
         self.parts[name] = part
         log.info("%s joined group %s on broker %s (%s)", self.client_id, self.group, name, address)
