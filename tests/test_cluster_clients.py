@@ -325,3 +325,18 @@ def test_broadcasting_keeps_each_brokers_offsets_apart(tmp_path):
                         producer.send(Message("b", b"second-%d" % i))
             else:  # resumed where each broker's queue was left: only the new ones
                 assert rec.bodies() == {b"second-%d" % i for i in range(10)}
+
+
+@pytest.mark.failure
+def test_send_to_a_cluster_whose_only_broker_died_fails_with_one_clear_error(tmp_path):
+    """No other broker to retry on: the send's future fails with every try named, not silently."""
+    with cluster(tmp_path, brokers=1, nameservers=1) as (_nss, bs, nameserver):
+        with AdminClient(nameserver=nameserver) as admin:
+            admin.create_topic("t", 2)
+        with Producer(nameserver=nameserver, send_timeout=5.0) as producer:
+            assert producer.send(Message("t", b"before")).broker == "broker-a"
+            bs[0].kill()
+            with pytest.raises(TransportError) as e:
+                producer.send(Message("t", b"after"), timeout=60)
+    text = str(e.value)
+    assert text.startswith("send to t failed after 3 tries: broker-a: ") and "\n" not in text, text
