@@ -41,6 +41,10 @@ bench: $(VENV)/.all
 clean:
 	rm -rf $(VENV) data build *.egg-info
 
+.PHONY: cluster
+cluster: $(VENV)/.base  # 2 name servers + 3 brokers, data under data/dev-cluster; Ctrl-C stops all (docs/cluster.md)
+	$(VENV)/bin/equeue dev-cluster --data-dir data/dev-cluster
+
 .PHONY: bank
 bank: $(VENV)/.base  # the CQRS bank example end to end (examples/bank/README.md)
 	$(PY) -m examples.bank

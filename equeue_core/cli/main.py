@@ -140,7 +140,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     from equeue_core.client import Message, Producer
 
     sent = 0
-    with Producer(args.broker) as producer:
+    with Producer(args.broker, nameserver=args.nameserver) as producer:
         if args.count is not None:
             body = b"x" * args.size
             progress = ProgressReport(args.count, f"produce {args.topic}", enabled=args.progress)
@@ -199,7 +199,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
         if args.count is not None and c >= args.count:
             done.set()
 
-    consumer = Consumer(args.group, args.broker, consume_from=args.start, threads=1)
+    consumer = Consumer(args.group, args.broker, consume_from=args.start, threads=1,
+                        **({"nameserver": args.nameserver} if args.nameserver else {}))
     consumer.subscribe(args.topic, args.expression)
     consumer.start(handler)
     try:
@@ -229,6 +230,10 @@ def _table(rows: list[list[Any]], header: list[str]) -> str:
 def cmd_topics(args: argparse.Namespace) -> int:
     from equeue_core.client import AdminClient
 
+    if args.nameserver:
+        from equeue_core.cli import cluster
+
+        return cluster.topics(args)
     with AdminClient(args.broker) as admin:
         if args.action == "create":
             n = admin.create_topic(args.topic, args.queues)
@@ -248,6 +253,10 @@ def cmd_groups(args: argparse.Namespace) -> int:
     from equeue_core.client import AdminClient
     from equeue_core.client.admin import reset_target
 
+    if args.nameserver:
+        from equeue_core.cli import cluster
+
+        return cluster.groups(args)
     with AdminClient(args.broker) as admin:
         if args.action == "reset":
             for t, q, off in admin.reset_offsets(args.group, args.topic, reset_target(args.to)):
@@ -285,18 +294,26 @@ def cmd_groups(args: argparse.Namespace) -> int:
 def cmd_message(args: argparse.Namespace) -> int:
     from equeue_core.client import AdminClient
 
-    with AdminClient(args.broker) as admin:
-        if args.key is not None:
-            if not args.topic:
-                raise EQueueError("--key needs --topic")
-            msgs = admin.find_by_key(args.topic, args.key, args.count)
-            if not msgs:
-                print(f"no message of {args.topic} has key {args.key!r}", file=sys.stderr)
-                return 1
-        elif args.msg_id:
-            msgs = [admin.get_message(args.msg_id)]
-        else:
-            raise EQueueError("give a msg id, or --topic T --key K")
+    if args.nameserver:  # straight to the broker the id names; a key lookup asks every broker
+        from equeue_core.cli import cluster
+
+        msgs = cluster.message(args)
+        if not msgs:
+            print(f"no message of {args.topic} has key {args.key!r}", file=sys.stderr)
+            return 1
+    else:
+        with AdminClient(args.broker) as admin:
+            if args.key is not None:
+                if not args.topic:
+                    raise EQueueError("--key needs --topic")
+                msgs = admin.find_by_key(args.topic, args.key, args.count)
+                if not msgs:
+                    print(f"no message of {args.topic} has key {args.key!r}", file=sys.stderr)
+                    return 1
+            elif args.msg_id:
+                msgs = [admin.get_message(args.msg_id)]
+            else:
+                raise EQueueError("give a msg id, or --topic T --key K")
     for i, m in enumerate(msgs):
         if i:
             print()
@@ -335,8 +352,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(info.to_wire(), indent=2))
             return 0
-        rows = [[b.cluster, b.name, b.address, b.topics, f"{b.heartbeat_age_s:.1f}s"] for b in info.brokers]
-        print(_table(rows, ["cluster", "broker", "address", "topics", "last heartbeat"]))
+        from equeue_core.cli.cluster import rate_cells, rates
+
+        per_s = rates(args.nameserver, args.interval) if args.interval > 0 else {}
+        rows = [[b.cluster, b.name, b.address, "master", b.topics, f"{b.heartbeat_age_s:.1f}s",
+                 *rate_cells(per_s, b.name)] for b in info.brokers]
+        print(_table(rows, ["cluster", "broker", "address", "role", "topics", "last heartbeat", "in/s", "out/s"]))
     return 0
 
 
@@ -394,10 +415,20 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--nameserver", required=True, help="host:port[,host:port...]")
     cl.add_argument("--topic", help="show this topic's route (brokers and queue counts)")
     cl.add_argument("--json", action="store_true")
+    cl.add_argument("--interval", type=float, default=1.0,
+                    help="seconds between the two BROKER_STATS samples behind in/s and out/s (0: none)")
     cl.set_defaults(fn=cmd_cluster)
+
+    dc = sub.add_parser("dev-cluster", help="2 name servers + 3 brokers on this machine; Ctrl-C stops all")
+    dc.add_argument("--data-dir", default="data/dev-cluster", help="one folder for every broker's data and logs")
+    dc.add_argument("--port", type=int, default=9876, help="first name server port (the second is +1)")
+    dc.add_argument("--broker-port", type=int, default=10911, help="broker-a's port (b: +10, c: +20)")
+    dc.add_argument("--cluster", default="DefaultCluster")
+    dc.set_defaults(fn=lambda a: __import__("equeue_core.cli.cluster", fromlist=["dev_cluster"]).dev_cluster(a))
 
     pr = sub.add_parser("produce", help="send messages (--count N --size S, or lines from stdin)")
     pr.add_argument("--broker", default=DEFAULT_BROKER)
+    pr.add_argument("--nameserver", help="route over a cluster: name servers host:port[,host:port...] (instead of --broker)")
     pr.add_argument("--topic", required=True)
     pr.add_argument("--count", type=int)
     pr.add_argument("--size", type=int, default=100)
@@ -409,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("consume", help="print (or count) messages of a topic")
     c.add_argument("--broker", default=DEFAULT_BROKER)
+    c.add_argument("--nameserver", help="route over a cluster: name servers host:port[,host:port...] (instead of --broker)")
     c.add_argument("--topic", required=True)
     c.add_argument("--group", required=True)
     c.add_argument("--expression", default="*", help="'*' or 'tagA || tagB'")
@@ -425,7 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("topic", nargs="?")
     t.add_argument("--queues", type=int)
     t.add_argument("--system", action="store_true", help="include %%RETRY%%, %%DLQ%% and schedule topics")
+    t.add_argument("--brokers", help="with --nameserver: create on these brokers (names, comma-separated) only")
+    t.add_argument("--cluster", help="with --nameserver: create on every broker of this cluster")
     t.add_argument("--broker", default=DEFAULT_BROKER)
+    t.add_argument("--nameserver", help="route over a cluster: name servers host:port[,host:port...] (instead of --broker)")
     t.set_defaults(fn=cmd_topics)
 
     g = sub.add_parser("groups", help="group members, offsets and lag; reset offsets; skip a record; DLQ")
@@ -439,6 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--msg-ids", nargs="*")
     g.add_argument("--json", action="store_true")
     g.add_argument("--broker", default=DEFAULT_BROKER)
+    g.add_argument("--nameserver", help="route over a cluster: name servers host:port[,host:port...] (instead of --broker)")
     g.set_defaults(fn=cmd_groups)
 
     ms = sub.add_parser("message", help="show a message by its msg id, or by key (--topic T --key K)")
@@ -447,6 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     ms.add_argument("--key")
     ms.add_argument("--count", type=int, default=32, help="most messages to show for a key")
     ms.add_argument("--broker", default=DEFAULT_BROKER)
+    ms.add_argument("--nameserver", help="route over a cluster: name servers host:port[,host:port...] (instead of --broker)")
     ms.set_defaults(fn=cmd_message)
 
     st = sub.add_parser("stats", help="live view of a broker: rates per topic, lag per group, latency, disk")

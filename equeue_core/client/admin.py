@@ -32,7 +32,17 @@ def reset_target(text: str) -> str | int:
 
 
 class AsyncAdminClient:
-    def __init__(self, broker: str = "127.0.0.1:10911") -> None:
+    """`AsyncAdminClient(broker="h:p")` administers one broker; `AsyncAdminClient(nameserver=
+    "h:p,h:p")` gives an AsyncClusterAdminClient whose answers are per broker name."""
+
+    def __new__(cls, broker: str = "127.0.0.1:10911", nameserver: str | None = None) -> Any:
+        if nameserver:
+            from equeue_core.client.cluster_admin import AsyncClusterAdminClient
+
+            return AsyncClusterAdminClient(nameserver)
+        return super().__new__(cls)
+
+    def __init__(self, broker: str = "127.0.0.1:10911", nameserver: None = None) -> None:
         self.broker = broker
         self._conn: BrokerConnection | None = None
         self._id_prefix = ""
@@ -147,9 +157,9 @@ class AsyncAdminClient:
 class AdminClient:
     """Blocking admin client; every method mirrors AsyncAdminClient."""
 
-    def __init__(self, broker: str = "127.0.0.1:10911") -> None:
+    def __init__(self, broker: str = "127.0.0.1:10911", nameserver: str | None = None) -> None:
         background_loop()
-        self._async = AsyncAdminClient(broker)
+        self._async = AsyncAdminClient(broker, nameserver)
         run_sync(self._async.start())
 
     def __getattr__(self, name: str) -> Any:

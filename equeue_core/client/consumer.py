@@ -60,6 +60,17 @@ def parse_expression(expression: str) -> tuple[frozenset[str] | None, list[int] 
 
 
 class AsyncConsumer:
+    """`AsyncConsumer(group, broker="h:p")` consumes from one broker; `AsyncConsumer(group,
+    nameserver="h:p,h:p")` gives an AsyncClusterConsumer over every broker of a cluster."""
+
+    def __new__(cls, group: str, broker: str = "127.0.0.1:10911", *, nameserver: str | None = None,
+                **options: Any) -> Any:
+        if nameserver:
+            from equeue_core.client.cluster_consumer import AsyncClusterConsumer
+
+            return AsyncClusterConsumer(group, nameserver, **options)
+        return super().__new__(cls)
+
     def __init__(self, group: str, broker: str = "127.0.0.1:10911", *, mode: str = "clustering",
                  consume_from: str | int = "last", allocation: str = "averagely", orderly: bool = False,
                  consume_batch_size: int = 1, threads: int = 8, pull_batch: int = 32,
@@ -69,7 +80,7 @@ class AsyncConsumer:
                  offset_dir: str = ".equeue-offsets", client_id: str | None = None,
                  flow_max_messages: int = 1000, flow_max_bytes: int = 100 * MiB, flow_max_span: int = 2000,
                  hold_ms: int = 15000, parallel_per_queue: int = 1,
-                 corrupt_recheck_max: float = 10.0) -> None:
+                 corrupt_recheck_max: float = 10.0, nameserver: None = None) -> None:
         if mode not in ("clustering", "broadcasting"):
             raise ConfigError(f"mode must be 'clustering' or 'broadcasting', not {mode!r}")
         if not (consume_from in ("first", "last") or isinstance(consume_from, int)):
@@ -119,6 +130,10 @@ class AsyncConsumer:
         self._handing_out = False
         self.stats = {"handled": 0, "failed": 0, "sent_back": 0, "pulls": 0, "corrupt": 0}
         self.corrupt_recheck_max = corrupt_recheck_max  # at most this many s between checks for a skip
+        # Set by a ClusterConsumer (client/cluster_consumer.py) that runs this consumer as its part
+        # on one broker: the coordinator then decides the queues (over every broker) and is told
+        # of a pull failure so it refreshes the routes at once.
+        self.coordinator: Any = None
 
     # ---------------------------------------------------------------- setup
 
@@ -146,7 +161,8 @@ class AsyncConsumer:
         self._running = True
         self._handing_out = True
         await self._heartbeat()
-        await self.rebalance()
+        if self.coordinator is None:
+            await self.rebalance()
         loop = asyncio.get_running_loop()
         self._background = [loop.create_task(self._every(self.heartbeat_interval, self._heartbeat)),
                             loop.create_task(self._every(self.rebalance_interval, self.rebalance)),
@@ -210,6 +226,9 @@ class AsyncConsumer:
         """Recompute this consumer's queues; stop the ones it lost, start the ones it gained."""
         if not self._running:
             return
+        if self.coordinator is not None:
+            await self.coordinator.rebalance()
+            return
         assert self._conn is not None
         async with self._rebalance_lock:
             if self.mode == "clustering":
@@ -227,17 +246,21 @@ class AsyncConsumer:
                     wanted.update(queues)
                 else:
                     wanted.update(self.strategy(self.client_id, queues, self._members or [self.client_id]))
-            for key in sorted(set(self.queues) - wanted):
-                await self._drop_queue(key)
-            added = sorted(wanted - set(self.queues))
-            for key in added:
-                await self._add_queue(key)
-            if added or len(wanted) != len(self.queues):
-                log.info("%s now consumes %d queues", self.client_id, len(self.queues))
-            if added and self.orderly:
-                await self._lock_all()
-            if added:
-                await self._heartbeat()
+            await self._apply(wanted)
+
+    async def _apply(self, wanted: set[QueueKey]) -> None:
+        """Stop the queues not wanted any more, start the new ones (caller holds the rebalance lock)."""
+        for key in sorted(set(self.queues) - wanted):
+            await self._drop_queue(key)
+        added = sorted(wanted - set(self.queues))
+        for key in added:
+            await self._add_queue(key)
+        if added or len(wanted) != len(self.queues):
+            log.info("%s now consumes %d queues", self.client_id, len(self.queues))
+        if added and self.orderly:
+            await self._lock_all()
+        if added:
+            await self._heartbeat()
 
     async def _start_offset(self, topic: str, queue_id: int) -> int:
         assert self._conn is not None
@@ -367,6 +390,8 @@ class AsyncConsumer:
             except EQueueError as e:
                 if isinstance(e, TransportError):
                     self._locks_lost()
+                    if self.coordinator is not None:
+                        self.coordinator.broker_failed(self)
                 backoff = min(5.0, backoff * 2 or 0.2)
                 log.warning("pull %s/%d failed: %s; retrying in %.1fs", pq.topic, pq.queue_id, e, backoff)
                 await asyncio.sleep(backoff)
@@ -768,6 +793,8 @@ class Consumer:
     A handler gets a ReceivedMessage; raising means the message failed."""
 
     def __init__(self, group: str, broker: str = "127.0.0.1:10911", **options: Any) -> None:
+        """`Consumer(group, broker="h:p")`, or `Consumer(group, nameserver="h:p,h:p")` to consume
+        every broker of a cluster (client/cluster_consumer.py)."""
         background_loop()
         self._async = AsyncConsumer(group, broker, **options)
 

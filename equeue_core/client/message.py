@@ -54,6 +54,7 @@ class SendResult:
     topic: str
     queue_id: int
     queue_offset: int
+    broker: str = ""  # the broker's name with nameserver= (queue ids are per broker); "" with broker=
 
 
 @dataclass(slots=True)

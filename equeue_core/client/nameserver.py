@@ -7,7 +7,7 @@ transport failure, like RocketMQ's client. Name servers are independent and may 
 not know is asked of the others before `TopicNotFoundError` is raised. When no name server can be
 reached the error is one `TransportError` naming each and why.
 
-This is the minimal client the routing producer/consumer/admin (issue 10, items 3-6) builds on.
+The routing producer, consumer and admin client build on it (client/routing.py, docs/cluster.md).
 """
 
 from __future__ import annotations

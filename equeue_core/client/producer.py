@@ -19,10 +19,18 @@ from typing import Any
 
 from equeue_core import record
 from equeue_core.client.connection import DEFAULT_TIMEOUT, BrokerConnection
+from equeue_core.client.fault import LatencyFaultTolerance
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import Message, SendResult
+from equeue_core.client.routing import DEFAULT_ROUTE_REFRESH_S, BrokerQueue, ClusterRouter, writable_queues
 from equeue_core.codes import Code
-from equeue_core.errors import BrokerBusyError, ClientClosedError, InvalidMessageError, TransportError
+from equeue_core.errors import (
+    BrokerBusyError,
+    ClientClosedError,
+    InvalidMessageError,
+    TopicNotFoundError,
+    TransportError,
+)
 from equeue_core.plugins import get_plugin_manager
 
 log = logging.getLogger("equeue.producer")
@@ -33,7 +41,10 @@ MAX_FRAME_BODY = 15 * 1024 * 1024
 
 @dataclass
 class _Route:
-    queues: list[int]
+    """Where a topic's messages may go: queue ids of the one broker, or (with nameserver=) the
+    BrokerQueue of every writable queue of every broker that has the topic."""
+
+    queues: list[Any]
     id_prefix: str
     fetched: float
 
@@ -54,10 +65,11 @@ class _BatchAnswer:
     id_prefix: str
     first_offset: int
     positions: list[int]
+    broker: str = ""
 
     def result(self, i: int) -> SendResult:
         return SendResult(f"{self.id_prefix}{self.positions[i]:016X}", self.topic, self.queue_id,
-                          self.first_offset + i)
+                          self.first_offset + i, self.broker)
 
     def results(self) -> list[SendResult]:
         return [self.result(i) for i in range(len(self.positions))]
@@ -98,8 +110,16 @@ class AsyncProducer:
     def __init__(self, broker: str = "127.0.0.1:10911", selector: str = "round_robin",
                  linger_ms: float = 1.0, max_batch_bytes: int = 512 * 1024,
                  send_timeout: float = DEFAULT_TIMEOUT, retries: int = 2,
-                 max_in_flight: int = 200_000) -> None:
+                 max_in_flight: int = 200_000, *, nameserver: str | None = None,
+                 route_refresh_s: float = DEFAULT_ROUTE_REFRESH_S, fault_base_s: float = 1.0,
+                 fault_max_s: float = 60.0) -> None:
         self.broker = broker
+        self.nameserver = nameserver
+        # with nameserver=: routes from the name servers, one connection per broker, and the
+        # brokers that failed avoided for a while (client/routing.py, client/fault.py)
+        self._router = ClusterRouter(nameserver, route_refresh_s, min(5.0, send_timeout)) if nameserver else None
+        self._fault = LatencyFaultTolerance(fault_base_s, fault_max_s)
+        self.route_ttl = route_refresh_s if nameserver else ROUTE_TTL_S
         self.linger = linger_ms / 1000.0
         self.max_batch_bytes = max_batch_bytes
         self.send_timeout = send_timeout
@@ -111,7 +131,7 @@ class AsyncProducer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # guards _open and _pending
-        self._open: dict[tuple[str, int], _OpenBatch] = {}
+        self._open: dict[tuple[str, Any, bool], _OpenBatch] = {}
         self.max_in_flight = max_in_flight
         self._pending = 0
         self._tasks: set[asyncio.Future] = set()
@@ -119,23 +139,41 @@ class AsyncProducer:
 
     async def start(self) -> AsyncProducer:
         self._loop = asyncio.get_running_loop()
-        self._conn = await BrokerConnection(self.broker).connect()
+        if self._router is None:
+            self._conn = await BrokerConnection(self.broker).connect()
+        else:
+            await self._router.nameservers.cluster_info()  # fail at start if no name server answers
         return self
 
     # ---------------------------------------------------------------- routing
 
     async def route(self, topic: str, refresh: bool = False) -> _Route:
         r = self._routes.get(topic)
+        if self._router is not None:
+            if r is None or refresh or time.monotonic() - r.fetched > self.route_ttl:
+                queues = writable_queues(await self._router.route(topic, refresh))
+                if not queues:
+                    raise TopicNotFoundError(f"topic {topic!r} has no writable queue on any live broker")
+                r = self._routes[topic] = _Route(queues, "", time.monotonic())
+            return r
         if r is None or refresh or time.monotonic() - r.fetched > ROUTE_TTL_S:
             assert self._conn is not None, "call start() first"
             h = (await self._conn.request(Code.ROUTE, {"topic": topic, "create": True})).header
             r = self._routes[topic] = _Route(list(range(h["queues"])), h["id_prefix"], time.monotonic())
         return r
 
-    def _select(self, route: _Route, routing_key: str | None) -> int:
+    def _select(self, route: _Route, routing_key: str | None) -> Any:
+        """A queue id, or with nameserver= a BrokerQueue. A routing key hashes over every queue of
+        the route (one key, one queue while the route stands: per-key order); otherwise the
+        selector chooses among the queues of the brokers fault tolerance does not avoid."""
         if routing_key is not None:
             return self._hash_selector.select(route.queues, routing_key)
-        return self._default_selector.select(route.queues, None)
+        if self._router is None or not self._fault.has_faults():
+            return self._default_selector.select(route.queues, None)
+        ok = self._fault.preferred({q.broker for q in route.queues})
+        queues = route.queues if len(ok) == len({q.broker for q in route.queues}) else \
+            [q for q in route.queues if q.broker in ok]
+        return self._default_selector.select(queues, None)
 
     # ---------------------------------------------------------------- batching
 
@@ -145,9 +183,9 @@ class AsyncProducer:
         Without linger the batch goes at the loop's next turn, taking whatever joined it by then."""
         if self._closed:
             raise ClientClosedError("the producer is closed")
-        queue_id = self._select(route, routing_key)
-        rec = message.encode(queue_id)
-        key = (message.topic, queue_id)
+        queue = self._select(route, routing_key)
+        rec = message.encode(queue if isinstance(queue, int) else queue.queue_id)
+        key = (message.topic, queue, routing_key is not None)
         with self._room:
             while self._pending >= self.max_in_flight:
                 if not self._room.wait(self.send_timeout):
@@ -174,26 +212,26 @@ class AsyncProducer:
                 loop.call_soon_threadsafe(self._linger_expired, key, batch)
         return SendFuture(batch.future, index)
 
-    def _arm_linger(self, key: tuple[str, int], batch: _OpenBatch) -> None:
+    def _arm_linger(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
         assert self._loop is not None
         self._loop.call_later(self.linger, self._linger_expired, key, batch)
 
-    def _linger_expired(self, key: tuple[str, int], batch: _OpenBatch) -> None:
+    def _linger_expired(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
         with self._lock:
             if self._open.get(key) is not batch:
                 return
             del self._open[key]
         self._dispatch(key, batch)
 
-    def _dispatch(self, key: tuple[str, int], batch: _OpenBatch) -> None:
+    def _dispatch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
         task = asyncio.ensure_future(self._send_open_batch(key, batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send_open_batch(self, key: tuple[str, int], batch: _OpenBatch) -> None:
-        topic, queue_id = key
+    async def _send_open_batch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
+        topic, queue, pinned = key
         try:
-            answer = await self._send_frame(topic, queue_id, b"".join(batch.parts), {})
+            answer = await self._send_frame(topic, queue, b"".join(batch.parts), {}, pinned)
         except BaseException as e:
             self._release(len(batch.parts))
             batch.future.set_exception(e)
@@ -208,8 +246,11 @@ class AsyncProducer:
             self._pending -= n
             self._room.notify_all()
 
-    async def _send_frame(self, topic: str, queue_id: int, body: bytes, extra: dict[str, Any]) -> _BatchAnswer:
+    async def _send_frame(self, topic: str, queue_id: Any, body: bytes, extra: dict[str, Any],
+                          pinned: bool = False) -> _BatchAnswer:
         """One SEND request, retried on transport failures."""
+        if self._router is not None:
+            return await self._send_routed(topic, queue_id, body, extra, pinned)
         assert self._conn is not None
         header = {"topic": topic, "queue_id": queue_id, **extra}
         attempt = 0
@@ -225,6 +266,55 @@ class AsyncProducer:
         h = resp.header
         return _BatchAnswer(topic, queue_id, h["id_prefix"], h["first_offset"], h["positions"])
 
+    async def _send_routed(self, topic: str, queue: BrokerQueue, body: bytes, extra: dict[str, Any],
+                           pinned: bool) -> _BatchAnswer:
+        """One SEND over the cluster. A transport failure (dead broker, lost connection, timeout)
+        marks the broker failed (avoided for a while), refreshes the route at once and retries,
+        up to `retries` times, on a queue of a broker not tried yet (RocketMQ's retry on another
+        broker); a `pinned` send (routing key: per-key order) retries only its own queue. After
+        the last try the send fails with TransportError naming every broker tried: a message is
+        either acknowledged or its future fails, never dropped silently. A timed-out send may
+        have been stored, so a retry can duplicate it (at least once)."""
+        assert self._router is not None
+        tried: list[str] = []
+        errors: list[str] = []
+        while True:
+            started = time.monotonic()
+            try:
+                conn = await self._router.connection(queue.broker)
+                resp = await conn.request(Code.SEND, {"topic": topic, "queue_id": queue.queue_id, **extra},
+                                          body, self.send_timeout)
+            except TransportError as e:
+                self._fault.failed(queue.broker)
+                await self._router.forget_connection(queue.broker)
+                tried.append(queue.broker)
+                errors.append(f"{queue.broker}: {e}")
+                if len(tried) > self.retries:
+                    raise TransportError(f"send to {topic} failed after {len(tried)} tries: "
+                                         + "; ".join(errors)) from e
+                queue = await self._retry_queue(topic, queue, tried, pinned)
+                if queue.broker in tried:
+                    await asyncio.sleep(0.1 * len(tried))
+                continue
+            self._fault.succeeded(queue.broker, time.monotonic() - started)
+            h = resp.header
+            return _BatchAnswer(topic, queue.queue_id, h["id_prefix"], h["first_offset"], h["positions"], queue.broker)
+
+    async def _retry_queue(self, topic: str, failed: BrokerQueue, tried: list[str], pinned: bool) -> BrokerQueue:
+        """The queue to retry a failed send on, from a freshly fetched route."""
+        try:
+            route = await self.route(topic, refresh=True)
+        except (TransportError, TopicNotFoundError) as e:
+            log.warning("route of %s after a failed send: %s", topic, e)
+            return failed
+        if pinned:
+            return failed
+        others = [q for q in route.queues if q.broker not in tried]
+        if not others:
+            return failed if failed in route.queues else route.queues[0]
+        ok = self._fault.preferred({q.broker for q in others})
+        return self._default_selector.select([q for q in others if q.broker in ok], None)
+
     # ---------------------------------------------------------------- API
 
     async def send(self, message: Message, routing_key: str | None = None) -> SendResult:
@@ -234,13 +324,15 @@ class AsyncProducer:
         return await self._enqueue(route, message, routing_key)
 
     async def _send_delayed(self, route: _Route, message: Message, routing_key: str | None) -> SendResult:
-        queue_id = self._select(route, routing_key)
+        queue = self._select(route, routing_key)
         extra: dict[str, Any] = {}
         if message.deliver_at is not None:
             extra["deliver_at"] = message.deliver_at_ms()
         else:
             extra["delay_level"] = int(message.delay_level)  # type: ignore[arg-type]
-        return (await self._send_frame(message.topic, queue_id, message.encode(queue_id), extra)).result(0)
+        qid = queue if isinstance(queue, int) else queue.queue_id
+        return (await self._send_frame(message.topic, queue, message.encode(qid), extra,
+                                       routing_key is not None)).result(0)
 
     async def send_batch(self, messages: Sequence[Message], routing_key: str | None = None) -> list[SendResult]:
         """Send messages as few frames as possible: per topic one queue (hash of routing_key, or
@@ -255,21 +347,23 @@ class AsyncProducer:
         results: list[SendResult | None] = [None] * len(messages)
         for topic, idxs in by_topic.items():
             route = await self.route(topic)
-            queue_id = self._select(route, routing_key)
+            queue = self._select(route, routing_key)
+            queue_id = queue if isinstance(queue, int) else queue.queue_id
+            pinned = routing_key is not None
             chunk: list[bytes] = []
             chunk_idx: list[int] = []
             size = 0
             for i in idxs:
                 rec = messages[i].encode(queue_id)
                 if chunk and size + len(rec) > MAX_FRAME_BODY:
-                    answer = await self._send_frame(topic, queue_id, b"".join(chunk), {})
+                    answer = await self._send_frame(topic, queue, b"".join(chunk), {}, pinned)
                     for j, r in zip(chunk_idx, answer.results(), strict=True):
                         results[j] = r
                     chunk, chunk_idx, size = [], [], 0
                 chunk.append(rec)
                 chunk_idx.append(i)
                 size += len(rec)
-            answer = await self._send_frame(topic, queue_id, b"".join(chunk), {})
+            answer = await self._send_frame(topic, queue, b"".join(chunk), {}, pinned)
             for j, r in zip(chunk_idx, answer.results(), strict=True):
                 results[j] = r
         return results  # type: ignore[return-value]
@@ -290,6 +384,8 @@ class AsyncProducer:
         self._closed = True
         if self._conn is not None:
             await self._conn.close()
+        if self._router is not None:
+            await self._router.close()
 
     async def __aenter__(self) -> AsyncProducer:
         return await self.start()
@@ -303,6 +399,8 @@ class Producer:
     routing_key=None)`, `send_async`, `send_batch(messages)`, `close()`; a context manager."""
 
     def __init__(self, broker: str = "127.0.0.1:10911", **options: Any) -> None:
+        """`Producer(broker="host:port")` talks to one broker; `Producer(nameserver="host:port,...")`
+        routes over every broker of a cluster (docs/cluster.md)."""
         self._async = AsyncProducer(broker, **options)
         self._started = False
 
@@ -315,7 +413,7 @@ class Producer:
 
     def _route(self, topic: str) -> _Route:
         r = self._async._routes.get(topic)
-        if r is None or time.monotonic() - r.fetched > ROUTE_TTL_S:
+        if r is None or time.monotonic() - r.fetched > self._async.route_ttl:
             r = run_sync(self._async.route(topic))
         return r
 
