@@ -76,6 +76,7 @@ class Broker:
         self.started = asyncio.Event()
         self.stats = {"received": 0, "pulled": 0}
         self.registrar = None  # a BrokerRegistrar when config.nameserver names a cluster's name servers
+        self.access = None  # an AccessGate when an authorizer is configured (docs/security.md)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -104,6 +105,11 @@ class Broker:
         tsettings = TransportSettings(max_frame_size=cfg.max_frame_size,
                                       frame_read_timeout=cfg.frame_read_timeout_s)
         self._register_handlers()
+        if cfg.authorizer_name():
+            from equeue_core.broker.access_gate import AccessGate
+
+            name = cfg.authorizer_name()
+            self.access = AccessGate(self.plugins.authorizer(name)(cfg), name)
         self.metrics_address = self.metrics.start(cfg.metrics_host, cfg.metrics_port)
         self._server = await transport.serve(cfg.host, cfg.port, self, tsettings)
         self.address = tuple(self._server.address)[:2]  # type: ignore[assignment]
@@ -160,6 +166,8 @@ class Broker:
         if self._server is not None:
             await self._server.close()
         await self.metrics.stop()
+        if self.access is not None:
+            self.access.close()
         self.offsets.persist()
         self.offsets.close()
         self.store.close()
@@ -173,6 +181,8 @@ class Broker:
                 raise UnknownRequestError(f"unknown request code {frame.code}")
             if not isinstance(frame.header, dict):
                 raise ProtocolError("frame header must be a map")
+            if self.access is not None:
+                self.access.check(conn, frame)
             return await handler(conn, frame)
         except EQueueError as e:
             if frame.is_oneway:

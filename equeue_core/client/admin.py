@@ -32,13 +32,15 @@ def reset_target(text: str) -> str | int:
 
 
 class AsyncAdminClient:
-    def __init__(self, broker: str = "127.0.0.1:10911") -> None:
+    def __init__(self, broker: str = "127.0.0.1:10911", *, access_key: str | None = None,
+                 secret_key: str | None = None) -> None:
         self.broker = broker
+        self._credentials = {"access_key": access_key, "secret_key": secret_key}
         self._conn: BrokerConnection | None = None
         self._id_prefix = ""
 
     async def start(self) -> AsyncAdminClient:
-        self._conn = await BrokerConnection(self.broker).connect()
+        self._conn = await BrokerConnection(self.broker, **self._credentials).connect()
         from equeue_core.client.consumer import _id_prefix
 
         self._id_prefix = _id_prefix((await self.request(Code.BROKER_INFO))["address"])
@@ -133,7 +135,7 @@ class AsyncAdminClient:
             msgs = [m for m in msgs if m.msg_id in wanted]
         if not msgs:
             return 0
-        async with AsyncProducer(self.broker) as producer:
+        async with AsyncProducer(self.broker, **self._credentials) as producer:
             for m in msgs:
                 props = {k: v for k, v in m.properties.items() if k not in ("RETRY_TOPIC", "ORIGIN_MSG_ID", "DLQ_REASON")}
                 await producer.send_batch([Message(m.topic, m.body, m.tag, m.keys, props or None)])
@@ -147,9 +149,10 @@ class AsyncAdminClient:
 class AdminClient:
     """Blocking admin client; every method mirrors AsyncAdminClient."""
 
-    def __init__(self, broker: str = "127.0.0.1:10911") -> None:
+    def __init__(self, broker: str = "127.0.0.1:10911", *, access_key: str | None = None,
+                 secret_key: str | None = None) -> None:
         background_loop()
-        self._async = AsyncAdminClient(broker)
+        self._async = AsyncAdminClient(broker, access_key=access_key, secret_key=secret_key)
         run_sync(self._async.start())
 
     def __getattr__(self, name: str) -> Any:

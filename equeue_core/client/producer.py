@@ -98,8 +98,10 @@ class AsyncProducer:
     def __init__(self, broker: str = "127.0.0.1:10911", selector: str = "round_robin",
                  linger_ms: float = 1.0, max_batch_bytes: int = 512 * 1024,
                  send_timeout: float = DEFAULT_TIMEOUT, retries: int = 2,
-                 max_in_flight: int = 200_000) -> None:
+                 max_in_flight: int = 200_000, access_key: str | None = None,
+                 secret_key: str | None = None) -> None:
         self.broker = broker
+        self._credentials = {"access_key": access_key, "secret_key": secret_key}
         self.linger = linger_ms / 1000.0
         self.max_batch_bytes = max_batch_bytes
         self.send_timeout = send_timeout
@@ -119,7 +121,7 @@ class AsyncProducer:
 
     async def start(self) -> AsyncProducer:
         self._loop = asyncio.get_running_loop()
-        self._conn = await BrokerConnection(self.broker).connect()
+        self._conn = await BrokerConnection(self.broker, **self._credentials).connect()
         return self
 
     # ---------------------------------------------------------------- routing
