@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import pluggy
 from equeue_plugins.auth_acl.authorizer import AclAuthorizer
 
-hookimpl = pluggy.HookimplMarker("equeue")
+from equeue_core.hookspecs import hookimpl
 
 
 @hookimpl
