@@ -58,7 +58,16 @@ class Config:
     max_connections: int = 4096
     max_connection_bytes: int = 64 * MiB
     idle_timeout_s: float = 600.0
+    acl: bool = False  # check every request against acl_file (docs/security.md)
+    acl_file: str = ""  # TOML file of [[accounts]]; reloaded when it changes
+    authorizer: str = ""  # authorizer plugin by name; "" = "acl" when acl is on, else none
+    acl_window_s: float = 60.0  # signed requests older/newer than this are refused
+    acl_reload_s: float = 2.0  # how often the ACL file's mtime is checked
     store_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def authorizer_name(self) -> str:
+        """The authorizer plugin to run, or "" for none (the default: no access control)."""
+        return self.authorizer or ("acl" if self.acl else "")
 
     def store_settings_options(self) -> dict[str, Any]:
         return dict(self.store_options.get(self.store, {}))
@@ -131,6 +140,10 @@ def validate(cfg: Config) -> Config:
     check_broker_name("config cluster", cfg.cluster)
     if cfg.broker_name:
         check_broker_name("config broker_name", cfg.broker_name)
+    if cfg.acl and not cfg.acl_file:
+        raise ConfigError("config acl = true needs acl_file (the TOML file of [[accounts]])")
+    if cfg.acl_window_s <= 0 or cfg.acl_reload_s <= 0:
+        raise ConfigError("config acl_window_s and acl_reload_s must be positive")
     if cfg.nameserver:
         from equeue_core.nameserver.addresses import parse_nameservers
 

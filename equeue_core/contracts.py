@@ -327,3 +327,16 @@ class QueueSelector(Protocol):
 
 QueueSelectorFactory = Callable[[], QueueSelector]
 PushCallback = Callable[[Frame], Awaitable[None] | None]
+
+
+# ---------------------------------------------------------------- access control
+
+
+class Authorizer(Protocol):
+    """Decides whether a request may run (docs/security.md). `authorize` runs on the broker's event
+    loop before every handler: it must be cheap (no I/O) and raise AccessDeniedError, naming what
+    was refused but never a secret. Returns the account name (for logs)."""
+
+    def authorize(self, frame: Frame, peer: str) -> str: ...
+
+    def close(self) -> None: ...

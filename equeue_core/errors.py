@@ -197,3 +197,9 @@ def error_for_code(code: str) -> type[EQueueError]:
         if cls.code == code:
             return cls
     return EQueueError
+
+
+class AccessDeniedError(EQueueError):
+    """The broker's authorizer refused the request (unsigned, bad signature, replay, no right)."""
+
+    code = "access_denied"

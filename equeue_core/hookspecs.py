@@ -43,3 +43,8 @@ def equeue_queue_selectors() -> dict:
 @hookspec
 def equeue_event_stores() -> dict:
     """Event stores (equeue_cqrs) by name: name -> factory(path, options) -> EventStore."""
+
+
+@hookspec
+def equeue_authorizers() -> dict:
+    """Authorizers (docs/security.md) by name: name -> factory(Config) -> Authorizer."""

@@ -22,6 +22,7 @@ HOOKS = {
     "equeue_allocation_strategies": "allocation strategy",
     "equeue_queue_selectors": "queue selector",
     "equeue_event_stores": "event store",
+    "equeue_authorizers": "authorizer",
 }
 
 
@@ -125,6 +126,9 @@ class PluginManager:
 
     def event_store(self, name: str):
         return self.get("equeue_event_stores", name)
+
+    def authorizer(self, name: str):
+        return self.get("equeue_authorizers", name)
 
 
 def _validate(hook_name: str, name: object, obj: Any, plugin_name: str) -> None:

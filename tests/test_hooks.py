@@ -157,3 +157,46 @@ def test_hook_equeue_event_stores(tmp_path):
         store.append(EventBatch([StoredEvent("a", 1, "c", "e", "T", b"", 0)]))
         assert [e.version for e in store.read_events("a")] == [1]
         store.close()
+
+
+def test_hook_equeue_authorizers(tmp_path):
+    from equeue_core import signing
+    from equeue_core.codes import Code
+    from equeue_core.config import Config
+    from equeue_core.errors import AccessDeniedError
+    from equeue_core.frame import Frame
+
+    acl = tmp_path / "acl.toml"
+    acl.write_text('[[accounts]]\naccess_key = "a"\nsecret_key = "secret-of-a"\ntopics = ["t*"]\n'
+                   'addresses = ["192.0.2.0/24", "::1/128"]\n')
+    pm = get_plugin_manager()
+    assert "acl" in pm.names("equeue_authorizers")
+    auth = pm.authorizer("acl")(Config(acl=True, acl_file=str(acl)))
+    try:
+        header = signing.sign(Code.SEND, {"topic": "t1", "queue_id": 0}, b"body", "a", b"secret-of-a")
+        assert auth.authorize(Frame(Code.SEND, 1, 0, header, b"body"), "192.0.2.7:5000") == "a"
+        header = signing.sign(Code.SEND, {"topic": "t1", "queue_id": 0}, b"body", "a", b"secret-of-a")
+        assert auth.authorize(Frame(Code.SEND, 1, 0, header, b"body"), "::1:5000") == "a"
+        header = signing.sign(Code.SEND, {"topic": "t1", "queue_id": 0}, b"body", "a", b"secret-of-a")
+        with pytest.raises(AccessDeniedError, match="may not connect from 198.51.100.1"):
+            auth.authorize(Frame(Code.SEND, 1, 0, header, b"body"), "198.51.100.1:5000")
+    finally:
+        auth.close()
+
+    class SiteAuthorizer:
+        def authorize(self, frame, peer):
+            raise AccessDeniedError("nobody passes", request="x")
+
+        def close(self):
+            pass
+
+    class SitePlugin:
+        @hookimpl
+        def equeue_authorizers(self):
+            return {"site": lambda config: SiteAuthorizer()}
+
+    own = PluginManager(load_entry_points=False)
+    own.register(SitePlugin(), name="site-auth")
+    assert own.names("equeue_authorizers") == ["site"]
+    with pytest.raises(AccessDeniedError):
+        own.authorizer("site")(Config(authorizer="site")).authorize(Frame(Code.SEND), "127.0.0.1:1")

@@ -79,6 +79,7 @@ class Broker:
         self.started = asyncio.Event()
         self.stats = {"received": 0, "pulled": 0}
         self.registrar = None  # a BrokerRegistrar when config.nameserver names a cluster's name servers
+        self.access = None  # an AccessGate when an authorizer is configured (docs/security.md)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -110,6 +111,11 @@ class Broker:
                                       max_connection_bytes=cfg.max_connection_bytes,
                                       idle_timeout=cfg.idle_timeout_s)
         self._register_handlers()
+        if cfg.authorizer_name():
+            from equeue_core.broker.access_gate import AccessGate
+
+            name = cfg.authorizer_name()
+            self.access = AccessGate(self.plugins.authorizer(name)(cfg), name)
         self.metrics_address = self.metrics.start(cfg.metrics_host, cfg.metrics_port)
         self._server = await transport.serve(cfg.host, cfg.port, self, tsettings)
         self.address = tuple(self._server.address)[:2]  # type: ignore[assignment]
@@ -166,6 +172,8 @@ class Broker:
         if self._server is not None:
             await self._server.close()
         await self.metrics.stop()
+        if self.access is not None:
+            self.access.close()
         self.engine.close()  # persists offsets, flushes, releases the writer lock
 
     # ------------------------------------------------------------------ transport callbacks
@@ -177,6 +185,8 @@ class Broker:
                 raise UnknownRequestError(f"unknown request code {frame.code}")
             if not isinstance(frame.header, dict):
                 raise ProtocolError("frame header must be a map")
+            if self.access is not None:
+                self.access.check(conn, frame)
             return await handler(conn, frame)
         except EQueueError as e:
             if frame.is_oneway:

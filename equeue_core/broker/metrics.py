@@ -161,6 +161,7 @@ class BrokerMetrics:
             "connections": None if connections is None else len(connections),
             "scheduled": b.scheduler.pending,
             "retention_released_bytes": b.retention.released,
+            "access_denied": 0 if b.access is None else b.access.denied,
             "recovery": {"clean": rec.clean, "truncated_bytes": rec.truncated_bytes,
                          "rebuilt_entries": rec.rebuilt_entries, "records": rec.records,
                          "seconds": self.recovery_seconds},

@@ -92,6 +92,9 @@ def families(snap: dict[str, Any]) -> Iterator[Metric]:
                               "Bytes released by retention (age, consumption, disk high-water mark).",
                               value=snap["retention_released_bytes"])
 
+    yield CounterMetricFamily("equeue_access_denied", "Requests the authorizer refused (docs/security.md).",
+                              value=snap.get("access_denied", 0))
+
     rec = snap["recovery"]
     yield GaugeMetricFamily("equeue_recovery_clean", "1 if the last start found a clean shutdown, 0 after a crash.",
                             value=1 if rec["clean"] else 0)

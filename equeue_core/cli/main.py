@@ -33,7 +33,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
     overrides = {"data_dir": args.data_dir, "host": args.host, "port": args.port, "flush": args.flush,
                  "store": args.store, "transport": args.transport, "metrics_host": args.metrics_host,
                  "metrics_port": args.metrics_port, "log_format": args.log_format,
-                 "nameserver": args.nameserver, "broker_name": args.name, "cluster": args.cluster}
+                 "nameserver": args.nameserver, "broker_name": args.name, "cluster": args.cluster,
+                 "acl_file": args.acl_file, "acl": True if args.acl_file else None}
     cfg = config_mod.load(args.config, overrides)
     logs.configure(cfg.log_format)
 
@@ -402,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--nameserver", help="join a cluster: name servers host:port[,host:port...]")
     b.add_argument("--name", help="broker name in its cluster (default <hostname>-<port>)")
     b.add_argument("--cluster", help="cluster name (default DefaultCluster)")
+    b.add_argument("--acl-file", help="turn ACLs on with this TOML file of [[accounts]] (docs/security.md)")
     b.set_defaults(fn=cmd_broker)
 
     ns = sub.add_parser("nameserver", help="run a name server (route registry) in the foreground")
@@ -507,7 +509,23 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(fn=cmd_plugins)
 
     sub.add_parser("spark", help="Spark jobs: export, report (see `equeue spark --help`)", add_help=False)
+    for client_cmd in (pr, c, t, g, ms, st, co):
+        _credential_arguments(client_cmd)
     return p
+
+
+def _credential_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--access-key", help="sign requests as this ACL account (or EQUEUE_ACCESS_KEY)")
+    parser.add_argument("--secret-key", help="the account's secret (or EQUEUE_SECRET_KEY; the environment "
+                                             "keeps it out of the process list)")
+
+
+def _export_credentials(args: argparse.Namespace) -> None:
+    """--access-key/--secret-key reach every client this command makes (they read the environment)."""
+    if getattr(args, "access_key", None):
+        os.environ["EQUEUE_ACCESS_KEY"] = args.access_key
+    if getattr(args, "secret_key", None):
+        os.environ["EQUEUE_SECRET_KEY"] = args.secret_key
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -527,6 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"groups {args.action} needs a group")
     if args.command == "groups" and args.action == "reset" and not (args.topic and args.to):
         parser.error("groups reset needs --topic and --to")
+    _export_credentials(args)
     try:
         return int(args.fn(args) or 0)
     except EQueueError as e:

@@ -35,20 +35,23 @@ class AsyncAdminClient:
     """`AsyncAdminClient(broker="h:p")` administers one broker; `AsyncAdminClient(nameserver=
     "h:p,h:p")` gives an AsyncClusterAdminClient whose answers are per broker name."""
 
-    def __new__(cls, broker: str = "127.0.0.1:10911", nameserver: str | None = None) -> Any:
+    def __new__(cls, broker: str = "127.0.0.1:10911", nameserver: str | None = None, *,
+                access_key: str | None = None, secret_key: str | None = None) -> Any:
         if nameserver:
             from equeue_core.client.cluster_admin import AsyncClusterAdminClient
 
-            return AsyncClusterAdminClient(nameserver)
+            return AsyncClusterAdminClient(nameserver, access_key=access_key, secret_key=secret_key)
         return super().__new__(cls)
 
-    def __init__(self, broker: str = "127.0.0.1:10911", nameserver: None = None) -> None:
+    def __init__(self, broker: str = "127.0.0.1:10911", nameserver: None = None, *,
+                 access_key: str | None = None, secret_key: str | None = None) -> None:
         self.broker = broker
+        self._credentials = {"access_key": access_key, "secret_key": secret_key}
         self._conn: BrokerConnection | None = None
         self._id_prefix = ""
 
     async def start(self) -> AsyncAdminClient:
-        self._conn = await BrokerConnection(self.broker).connect()
+        self._conn = await BrokerConnection(self.broker, **self._credentials).connect()
         from equeue_core.client.consumer import _id_prefix
 
         self._id_prefix = _id_prefix((await self.request(Code.BROKER_INFO))["address"])
@@ -143,7 +146,7 @@ class AsyncAdminClient:
             msgs = [m for m in msgs if m.msg_id in wanted]
         if not msgs:
             return 0
-        async with AsyncProducer(self.broker) as producer:
+        async with AsyncProducer(self.broker, **self._credentials) as producer:
             for m in msgs:
                 props = {k: v for k, v in m.properties.items() if k not in ("RETRY_TOPIC", "ORIGIN_MSG_ID", "DLQ_REASON")}
                 await producer.send_batch([Message(m.topic, m.body, m.tag, m.keys, props or None)])
@@ -157,9 +160,10 @@ class AsyncAdminClient:
 class AdminClient:
     """Blocking admin client; every method mirrors AsyncAdminClient."""
 
-    def __init__(self, broker: str = "127.0.0.1:10911", nameserver: str | None = None) -> None:
+    def __init__(self, broker: str = "127.0.0.1:10911", nameserver: str | None = None, *,
+                 access_key: str | None = None, secret_key: str | None = None) -> None:
         background_loop()
-        self._async = AsyncAdminClient(broker, nameserver)
+        self._async = AsyncAdminClient(broker, nameserver, access_key=access_key, secret_key=secret_key)
         run_sync(self._async.start())
 
     def __getattr__(self, name: str) -> Any:

@@ -20,8 +20,9 @@ from equeue_core.nameserver.routes import BrokerSummary
 
 
 class AsyncClusterAdminClient:
-    def __init__(self, nameserver: str) -> None:
+    def __init__(self, nameserver: str, *, access_key: str | None = None, secret_key: str | None = None) -> None:
         self.nameserver = nameserver
+        self._credentials = {"access_key": access_key, "secret_key": secret_key}
         self.nameservers = AsyncNameServerClient(nameserver)
         self._admins: dict[str, Any] = {}  # broker address -> AsyncAdminClient
 
@@ -48,7 +49,7 @@ class AsyncClusterAdminClient:
 
         admin = self._admins.get(address)
         if admin is None:
-            admin = self._admins[address] = await AsyncAdminClient(address).start()
+            admin = self._admins[address] = await AsyncAdminClient(address, **self._credentials).start()
         return admin
 
     async def _each(self, brokers: list[BrokerSummary], method: str, *args: Any, **kwargs: Any) -> dict[str, Any]:

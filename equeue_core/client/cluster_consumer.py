@@ -52,7 +52,8 @@ class AsyncClusterConsumer:
         self.rebalance_interval = float(options.get("rebalance_interval", 20.0))
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
         self.options = options
-        self.router = ClusterRouter(nameserver, route_refresh_s)
+        self.router = ClusterRouter(nameserver, route_refresh_s, credentials={
+            "access_key": options.get("access_key"), "secret_key": options.get("secret_key")})
         self.subscriptions: dict[str, str] = {}
         self.parts: dict[str, AsyncConsumer] = {}  # broker name -> its part
         self._handler: Callable[..., Any] | None = None

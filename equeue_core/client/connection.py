@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
+from equeue_core import signing
 from equeue_core.client.address import Address, parse_address
 from equeue_core.contracts import ClientConnection, TransportSettings
-from equeue_core.errors import ClientClosedError, EQueueError, error_for_code
+from equeue_core.errors import ClientClosedError, ConfigError, EQueueError, error_for_code
 from equeue_core.frame import Frame
 from equeue_core.plugins import get_plugin_manager
 
@@ -27,12 +29,29 @@ def raise_for_error(frame: Frame) -> Frame:
     return frame
 
 
+def resolve_credentials(access_key: str | None, secret_key: str | None) -> tuple[str, bytes] | None:
+    """(access key, secret) from the arguments, else EQUEUE_ACCESS_KEY/EQUEUE_SECRET_KEY; None for an
+    unsigned client. One without the other is a configuration error."""
+    ak = access_key if access_key is not None else os.environ.get("EQUEUE_ACCESS_KEY") or None
+    sk = secret_key if secret_key is not None else os.environ.get("EQUEUE_SECRET_KEY") or None
+    if ak is None and sk is None:
+        return None
+    if not ak or not sk:
+        raise ConfigError("access_key and secret_key go together (or EQUEUE_ACCESS_KEY and EQUEUE_SECRET_KEY)")
+    return ak, sk.encode()
+
+
 class BrokerConnection:
-    """Requests to one broker. Reconnects are the transport's job; this maps frames to results."""
+    """Requests to one broker. Reconnects are the transport's job; this maps frames to results.
+
+    With credentials (docs/security.md) every request and one-way frame is signed here, with a
+    fresh timestamp and nonce, so a retry is a new signed request."""
 
     def __init__(self, address: str | Address, settings: TransportSettings | None = None,
-                 on_push: Callable[[Frame], Any] | None = None) -> None:
+                 on_push: Callable[[Frame], Any] | None = None, *, access_key: str | None = None,
+                 secret_key: str | None = None) -> None:
         self.address = parse_address(address) if isinstance(address, str) else address
+        self._credentials = resolve_credentials(access_key, secret_key)
         self.settings = settings or TransportSettings()
         self._on_push = on_push
         self._conn: ClientConnection | None = None
@@ -58,15 +77,20 @@ class BrokerConnection:
                       timeout: float = DEFAULT_TIMEOUT) -> Frame:
         if self._closed or self._conn is None:
             raise ClientClosedError("the connection is closed")
-        resp = await self._conn.request(Frame(int(code), 0, 0, header or {}, body), timeout)
+        resp = await self._conn.request(Frame(int(code), 0, 0, self._signed(code, header, body), body), timeout)
         return raise_for_error(resp)
+
+    def _signed(self, code: int, header: dict[str, Any] | None, body: bytes) -> dict[str, Any]:
+        if self._credentials is None:
+            return header or {}
+        return signing.sign(int(code), header or {}, body, *self._credentials)
 
     async def oneway(self, code: int, header: dict[str, Any] | None = None, body: bytes = b"") -> None:
         if self._closed or self._conn is None:
             raise ClientClosedError("the connection is closed")
         from equeue_core.frame import FLAG_ONEWAY
 
-        await self._conn.send_oneway(Frame(int(code), 0, FLAG_ONEWAY, header or {}, body))
+        await self._conn.send_oneway(Frame(int(code), 0, FLAG_ONEWAY, self._signed(code, header, body), body))
 
     async def close(self) -> None:
         self._closed = True

@@ -80,7 +80,9 @@ class AsyncConsumer:
                  offset_dir: str = ".equeue-offsets", client_id: str | None = None,
                  flow_max_messages: int = 1000, flow_max_bytes: int = 100 * MiB, flow_max_span: int = 2000,
                  hold_ms: int = 15000, parallel_per_queue: int = 1,
-                 corrupt_recheck_max: float = 10.0, nameserver: None = None) -> None:
+                 corrupt_recheck_max: float = 10.0, nameserver: None = None,
+                 access_key: str | None = None, secret_key: str | None = None) -> None:
+        self._credentials = {"access_key": access_key, "secret_key": secret_key}
         if mode not in ("clustering", "broadcasting"):
             raise ConfigError(f"mode must be 'clustering' or 'broadcasting', not {mode!r}")
         if not (consume_from in ("first", "last") or isinstance(consume_from, int)):
@@ -155,7 +157,7 @@ class AsyncConsumer:
         self._is_async = inspect.iscoroutinefunction(handler)
         if not self._is_async:
             self._pool = concurrent.futures.ThreadPoolExecutor(self.threads, thread_name_prefix=f"equeue-{self.group}")
-        self._conn = await BrokerConnection(self.broker, on_push=self._on_push).connect()
+        self._conn = await BrokerConnection(self.broker, on_push=self._on_push, **self._credentials).connect()
         info = (await self._conn.request(Code.BROKER_INFO)).header
         self._id_prefix = _id_prefix(info["address"])
         self._running = True

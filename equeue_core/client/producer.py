@@ -112,12 +112,15 @@ class AsyncProducer:
                  send_timeout: float = DEFAULT_TIMEOUT, retries: int = 2,
                  max_in_flight: int = 200_000, *, nameserver: str | None = None,
                  route_refresh_s: float = DEFAULT_ROUTE_REFRESH_S, fault_base_s: float = 1.0,
-                 fault_max_s: float = 60.0) -> None:
+                 fault_max_s: float = 60.0, access_key: str | None = None,
+                 secret_key: str | None = None) -> None:
         self.broker = broker
         self.nameserver = nameserver
+        self._credentials = {"access_key": access_key, "secret_key": secret_key}
         # with nameserver=: routes from the name servers, one connection per broker, and the
         # brokers that failed avoided for a while (client/routing.py, client/fault.py)
-        self._router = ClusterRouter(nameserver, route_refresh_s, min(5.0, send_timeout)) if nameserver else None
+        self._router = (ClusterRouter(nameserver, route_refresh_s, min(5.0, send_timeout),
+                                      credentials=self._credentials) if nameserver else None)
         self._fault = LatencyFaultTolerance(fault_base_s, fault_max_s)
         self.route_ttl = route_refresh_s if nameserver else ROUTE_TTL_S
         self.linger = linger_ms / 1000.0
@@ -140,7 +143,7 @@ class AsyncProducer:
     async def start(self) -> AsyncProducer:
         self._loop = asyncio.get_running_loop()
         if self._router is None:
-            self._conn = await BrokerConnection(self.broker).connect()
+            self._conn = await BrokerConnection(self.broker, **self._credentials).connect()
         else:
             await self._router.nameservers.cluster_info()  # fail at start if no name server answers
         return self

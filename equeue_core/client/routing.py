@@ -46,13 +46,16 @@ class _Cached:
 
 class ClusterRouter:
     def __init__(self, nameserver: str, route_refresh_s: float = DEFAULT_ROUTE_REFRESH_S,
-                 timeout: float = 5.0, settings: TransportSettings | None = None) -> None:
+                 timeout: float = 5.0, settings: TransportSettings | None = None,
+                 credentials: dict[str, str | None] | None = None) -> None:
+        """`credentials`: access_key/secret_key for the brokers (signed requests, docs/security.md)."""
         # imported here: equeue_core.nameserver (loaded by config) imports equeue_core.client
         from equeue_core.client.nameserver import AsyncNameServerClient
 
         self.nameservers = AsyncNameServerClient(nameserver, timeout)
         self.route_refresh_s = route_refresh_s
         self.settings = settings or TransportSettings(connect_timeout=min(5.0, timeout))
+        self.credentials = dict(credentials or {})
         self._routes: dict[str, _Cached] = {}
         self._addresses: dict[str, str] = {}  # broker name -> address, from the latest routes
         self._conns: dict[str, BrokerConnection] = {}  # address -> connection
@@ -95,7 +98,7 @@ class ClusterRouter:
             async with self._connecting:
                 conn = self._conns.get(address)
                 if conn is None:
-                    conn = await BrokerConnection(address, self.settings).connect()
+                    conn = await BrokerConnection(address, self.settings, **self.credentials).connect()
                     self._conns[address] = conn
         return conn
 

@@ -1,0 +1,153 @@
+"""What ACL signing costs: produce and consume throughput and CPU per message, ACL on vs the plain
+broker, in the same run, batching on (docs/benchmarks.md, "Security").
+
+Each round starts a real broker process (plain, then with --acl-file) and runs the client in its
+own process; CPU is the client's (getrusage) plus the broker's (/proc/<pid>/stat) over the timed
+part only. One JSON line per measurement, then one line of ratios (acl / plain).
+
+    .venv/bin/python -m bench.bench_security --count 200000 --size 100
+
+Not a test: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers.broker import BrokerProcess  # noqa: E402
+
+ACCOUNT = ("bench", "bench-secret-0001")
+ACL = f"""[[accounts]]
+access_key = "{ACCOUNT[0]}"
+secret_key = "{ACCOUNT[1]}"
+topics = ["bench.*"]
+groups = ["bench-*"]
+"""
+
+
+def _cpu_self() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _cpu_pid(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------- client roles (child processes)
+
+def role_produce(address: str, topic: str, count: int, size: int, creds: dict) -> dict:
+    from equeue_core.client import Message, Producer
+
+    body = os.urandom(size)
+    with Producer(address, **creds) as p:
+        p.send(Message(topic, body))  # route lookup and connection warm-up
+        msgs = [Message(topic, body) for _ in range(1000)]
+        cpu0, t0 = _cpu_self(), time.perf_counter()
+        for _ in range(count // 1000):
+            p.send_batch(msgs)
+        secs, cpu = time.perf_counter() - t0, _cpu_self() - cpu0
+    return {"messages": count // 1000 * 1000, "seconds": secs, "client_cpu": cpu}
+
+
+def role_consume(address: str, topic: str, group: str, count: int, creds: dict) -> dict:
+    import threading
+
+    from equeue_core.client import Consumer
+
+    done = threading.Event()
+    seen = [0]
+
+    def handler(m) -> None:
+        seen[0] += 1
+        if seen[0] >= count:
+            done.set()
+
+    c = Consumer(group, address, consume_from="first", pull_batch=256, **creds).subscribe(topic)
+    cpu0, t0 = _cpu_self(), time.perf_counter()
+    c.start(handler)
+    done.wait(600)
+    secs, cpu = time.perf_counter() - t0, _cpu_self() - cpu0
+    c.close()
+    return {"messages": seen[0], "seconds": secs, "client_cpu": cpu}
+
+
+def _child(args: list[str], broker: BrokerProcess) -> dict:
+    cpu0 = _cpu_pid(broker.proc.pid)
+    r = subprocess.run([sys.executable, "-m", "bench.bench_security", "--role", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-2000:])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["broker_cpu"] = _cpu_pid(broker.proc.pid) - cpu0  # includes the child's warm-up: small, same for both
+    return out
+
+
+def run(count: int, size: int, rounds: int) -> None:
+    """`rounds` alternating plain/acl rounds (a shared machine is noisy); ratios of the medians."""
+    results: dict[str, dict[str, list[dict]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-security-") as tmp:
+        acl = Path(tmp) / "acl.toml"
+        acl.write_text(ACL)
+        for rnd, mode in [(i, m) for i in range(rounds) for m in ("plain", "acl")]:
+            extra = ["--acl-file", str(acl)] if mode == "acl" else []
+            creds = json.dumps({"access_key": ACCOUNT[0], "secret_key": ACCOUNT[1]} if mode == "acl" else {})
+            b = BrokerProcess(Path(tmp) / f"{mode}-{rnd}", extra_args=extra).start()
+            try:
+                for what, args in (("produce", ["produce", b.address, "bench.t", str(count), str(size), creds]),
+                                   ("consume", ["consume", b.address, "bench.t", "bench-g", str(count), creds])):
+                    r = _child(args, b)
+                    n = r["messages"]
+                    row = {"bench": "security", "mode": mode, "op": what, "messages": n, "size": size,
+                           "msgs_per_s": round(n / r["seconds"]),
+                           "cpu_us_per_msg": round((r["client_cpu"] + r["broker_cpu"]) / n * 1e6, 2),
+                           "client_cpu_s": round(r["client_cpu"], 3), "broker_cpu_s": round(r["broker_cpu"], 3)}
+                    results.setdefault(what, {}).setdefault(mode, []).append(row)
+                    print(json.dumps(row), flush=True)
+            finally:
+                b.stop()
+    for what, rows in results.items():
+        def med(mode: str, key: str, rows: dict = rows) -> float:
+            return statistics.median(row[key] for row in rows[mode])
+
+        print(json.dumps({"bench": "security", "op": what, "ratio": "acl/plain (medians)", "rounds": rounds,
+                          "throughput": round(med("acl", "msgs_per_s") / med("plain", "msgs_per_s"), 3),
+                          "cpu_per_msg": round(med("acl", "cpu_us_per_msg") / med("plain", "cpu_us_per_msg"), 3)}),
+              flush=True)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--role":
+        role, *rest = sys.argv[2:]
+        if role == "produce":
+            address, topic, count, size, creds = rest
+            out = role_produce(address, topic, int(count), int(size), json.loads(creds))
+        else:
+            address, topic, group, count, creds = rest
+            out = role_consume(address, topic, group, int(count), json.loads(creds))
+        print(json.dumps(out), flush=True)
+        return
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--count", type=int, default=200_000)
+    p.add_argument("--size", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=3, help="alternating plain/acl rounds (default 3)")
+    a = p.parse_args()
+    run(a.count, a.size, a.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""What each request needs from an account (docs/security.md, "What each request needs").
+
+Shared by every authorizer, so a site's own (LDAP, ...) decides on the same table as the built-in
+ACL one. Modelled on RocketMQ's PlainAccessValidator: sends need the topic, everything a consumer
+does needs its group, operator requests need admin; an unknown code needs admin (deny by default).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from equeue_core.codes import Code
+
+ANY = "any"        # any account with a valid signature
+TOPIC = "topic"    # the header's `topic` must be in the account's send rights
+GROUP = "group"    # the header's `group` must be in the account's consume rights
+ADMIN = "admin"    # the account must be an admin
+
+ADMIN_READER_GROUP = "%ADMIN%"
+
+NEEDS: dict[int, str] = {
+    Code.SEND: TOPIC,
+    Code.ROUTE: ANY,            # TOPIC when it asks to create the topic
+    Code.PULL: GROUP,
+    Code.COMMIT_OFFSETS: GROUP,
+    Code.QUERY_OFFSET: GROUP,
+    Code.HEARTBEAT: GROUP,
+    Code.UNREGISTER: GROUP,
+    Code.GROUP_MEMBERS: GROUP,
+    Code.SEND_BACK: GROUP,
+    Code.LOCK_QUEUES: GROUP,
+    Code.UNLOCK_QUEUES: GROUP,
+    Code.BROKER_INFO: ANY,
+    Code.OFFSET_FOR_TIME: ANY,
+    Code.QUEUE_RANGES: ANY,
+    Code.CREATE_TOPIC: ADMIN,
+    Code.LIST_TOPICS: ADMIN,
+    Code.GET_MESSAGE: ADMIN,
+    Code.GROUP_INFO: ADMIN,
+    Code.RESET_OFFSETS: ADMIN,
+    Code.DELETE_TOPIC: ADMIN,
+    Code.QUERY_BY_KEY: ADMIN,
+    Code.BROKER_STATS: ADMIN,
+    Code.SKIP_RECORD: ADMIN,
+}
+
+
+def request_name(code: int) -> str:
+    try:
+        return Code(code).name.lower()
+    except ValueError:
+        return f"code {code}"
+
+
+def needs(code: int, header: dict[str, Any]) -> tuple[str, Any]:
+    """(kind of right, the resource it is about): ("topic", name), ("group", name), ("admin", None)
+    or ("any", None). A missing or non-string resource is returned as is; the authorizer refuses it."""
+    kind = NEEDS.get(code, ADMIN)
+    if code == Code.PULL and header.get("group") == ADMIN_READER_GROUP:
+        kind = ADMIN  # AdminClient.read_queue: inspecting any queue (DLQs, `equeue message`) is admin
+    if code == Code.ROUTE and header.get("create"):
+        kind = TOPIC
+    if kind == TOPIC:
+        return kind, header.get("topic")
+    if kind == GROUP:
+        return kind, header.get("group")
+    return kind, None
