@@ -234,8 +234,29 @@ def live_brokers(nameserver: str) -> int:
         return len(admin.brokers())
 
 
+def _free_base(*offsets: int) -> int:
+    """A free port whose port+offset are free too (bounded tries): dev-cluster derives ports."""
+    import socket
+
+    for _ in range(50):
+        base = free_port()
+        if base + max(offsets) > 65535:
+            continue
+        ok = True
+        for off in offsets:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", base + off))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise AssertionError("no free port with free neighbours in 50 tries")
+
+
 def test_dev_cluster_starts_five_processes_and_ctrl_c_stops_them_all(tmp_path):
-    ns_port, broker_port = free_port(), free_port()
+    ns_port, broker_port = _free_base(1), _free_base(10, 20)  # dev-cluster uses base+1 and base+10/+20 too
     proc = subprocess.Popen([sys.executable, "-m", "equeue_core.cli.main", "dev-cluster", "--data-dir",
                              str(tmp_path / "dev"), "--port", str(ns_port), "--broker-port", str(broker_port)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
