@@ -54,6 +54,7 @@ class Config:
     cluster: str = "DefaultCluster"
     register_interval_s: float = 30.0
     broker_expiry_s: float = 120.0  # name server: drop a broker silent this long
+    nameserver_metrics_port: int = 9878  # name server: Prometheus endpoint port (0 = off), on metrics_host
     max_deliver_delay: str = "40d"
     max_connections: int = 4096
     max_connection_bytes: int = 64 * MiB
@@ -108,6 +109,8 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"config flush: {cfg.flush!r} must be 'async' or 'sync'")
     if not 0 <= cfg.port <= 65535:
         raise ConfigError(f"config port: {cfg.port} is not a TCP port")
+    if not 0 <= cfg.nameserver_metrics_port <= 65535:
+        raise ConfigError(f"config nameserver_metrics_port: {cfg.nameserver_metrics_port} is not a TCP port")
     if cfg.log_format not in ("text", "json"):
         raise ConfigError(f"config log_format: {cfg.log_format!r} must be 'text' or 'json'")
     if not 0 <= cfg.metrics_port <= 65535:

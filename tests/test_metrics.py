@@ -165,3 +165,43 @@ def test_delayed_messages_show_as_scheduler_backlog(metrics_broker):
     m = scrape(metrics_broker.metrics_port)
     assert value(m["equeue_scheduled_messages"], "equeue_scheduled_messages") == 3
     assert value(m["equeue_messages_in"], "equeue_messages_in_total", topic="%SCHEDULE%") == 3
+
+
+def test_nameserver_metrics_follow_registrations_and_route_queries(tmp_path):
+    """The name server's endpoint: brokers per cluster, each broker's heartbeat age and topics,
+    and the registry's counters, moving as a broker joins, a route is asked and a broker leaves."""
+    from equeue_core.client.nameserver import NameServerClient
+    from equeue_core.errors import TopicNotFoundError
+    from tests.helpers.nameserver import NameServerProcess, cluster_args, wait_for
+
+    port = free_port()
+    ns = NameServerProcess(tmp_path, metrics_port=port).start()
+    try:
+        before = scrape(port)
+        assert before["equeue_nameserver_brokers"] == []
+        assert before["equeue_nameserver_route_queries"][0].value == 0
+        broker = BrokerProcess(tmp_path / "a", extra_args=cluster_args([ns], "broker-a")).start()
+        try:
+            with Producer(broker.address) as p:
+                p.send(Message("metered", b"x"))
+            with NameServerClient(ns.address) as client:
+                wait_for(lambda: "broker-a" in {b.name for b in client.get_route("metered").brokers}, timeout=20,
+                         what="the route of the new topic")
+                with pytest.raises(TopicNotFoundError):
+                    client.get_route("nowhere")
+            m = scrape(port)
+            assert [(s.labels["cluster"], s.value) for s in m["equeue_nameserver_brokers"]] == [("c1", 1)]
+            topics = {s.labels["broker"]: s.value for s in m["equeue_nameserver_broker_topics"]}
+            assert topics["broker-a"] >= 1
+            ages = m["equeue_nameserver_broker_heartbeat_age_seconds"]
+            assert ages[0].labels == {"cluster": "c1", "broker": "broker-a"} and ages[0].value >= 0
+            assert m["equeue_nameserver_brokers_joined"][0].value == 1
+            assert m["equeue_nameserver_route_queries"][0].value >= 2
+            assert m["equeue_nameserver_route_misses"][0].value >= 1
+        finally:
+            broker.stop()
+        wait_for(lambda: scrape(port)["equeue_nameserver_brokers"] == [] or None, timeout=20,
+                 what="the stopped broker to leave")
+        assert scrape(port)["equeue_nameserver_brokers_unregistered"][0].value == 1
+    finally:
+        ns.stop()

@@ -108,22 +108,29 @@ def families(snap: dict[str, Any]) -> Iterator[Metric]:
                             value=rec["seconds"])
 
 
+Render = Callable[[dict[str, Any]], Iterator[Metric]]
+
+
 class SnapshotCollector:
     """A prometheus-client collector that renders a fresh snapshot at every scrape."""
 
-    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, read: Callable[[], dict[str, Any]], render: Render = families) -> None:
         self._read = read
+        self._render = render
 
     def collect(self) -> Iterator[Metric]:
-        yield from families(self._read())
+        yield from self._render(self._read())
 
 
 class MetricsEndpoint:
-    """The HTTP endpoint: GET /metrics in the Prometheus text format, served on its own thread."""
+    """The HTTP endpoint: GET /metrics in the Prometheus text format, served on its own thread.
+    `render` turns one snapshot into metric families: the broker's by default, the name server
+    passes its own (equeue_core/nameserver/metrics.py)."""
 
-    def __init__(self, snapshot: Callable[[], Any], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, snapshot: Callable[[], Any], loop: asyncio.AbstractEventLoop,
+                 render: Render = families) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(SnapshotCollector(self._read))
+        self.registry.register(SnapshotCollector(self._read, render))
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, resident memory, fds
         self._snapshot = snapshot
         self._loop = loop

@@ -166,7 +166,7 @@ def dev_cluster(args: argparse.Namespace) -> int:
     try:
         for i, port in enumerate(ns_ports):
             ok = ok and not stopping and launch(f"nameserver-{i + 1}", ["nameserver", "--host", "127.0.0.1",
-                                                                         "--port", str(port)])
+                                                                         "--port", str(port), "--metrics-port", "0"])
         for i, name in enumerate(("broker-a", "broker-b", "broker-c")):
             port = args.broker_port + 10 * i
             ok = ok and not stopping and launch(name, [

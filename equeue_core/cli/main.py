@@ -103,7 +103,8 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
     from equeue_core import config as config_mod
     from equeue_core.nameserver.server import NameServer
 
-    cfg = config_mod.load(args.config, {"host": args.host, "port": args.port, "transport": args.transport})
+    cfg = config_mod.load(args.config, {"host": args.host, "port": args.port, "transport": args.transport,
+                                        "nameserver_metrics_port": args.metrics_port})
     logs.configure(cfg.log_format)
 
     async def main() -> None:
@@ -116,6 +117,8 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
         host, port = server.address
         print(f"equeue nameserver listening on {cfg.transport}://{host}:{port}", flush=True)
         print(f"  broker_expiry_s {cfg.broker_expiry_s:g} (routes live in memory only)", flush=True)
+        if server.metrics_address:
+            print(f"  metrics   http://{server.metrics_address[0]}:{server.metrics_address[1]}/metrics", flush=True)
         try:
             await stop.wait()
         finally:
@@ -411,6 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     ns.add_argument("--host")
     ns.add_argument("--port", type=int, default=9876)
     ns.add_argument("--transport", help="transport plugin name (tcp, zmq)")
+    ns.add_argument("--metrics-port", type=int,
+                    help="port of the Prometheus endpoint (default 9878, 0 = off; host: metrics_host)")
     ns.set_defaults(fn=cmd_nameserver)
 
     cl = sub.add_parser("cluster", help="brokers registered with the name servers, or one topic's route")

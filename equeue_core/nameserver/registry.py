@@ -139,9 +139,11 @@ class RouteRegistry:
             raise TopicNotFoundError(f"topic {topic!r} has no route: no live broker registered it", topic=topic)
         return TopicRoute(topic, brokers)
 
-    def cluster_info(self) -> ClusterInfo:
-        """Every live broker, sorted by (cluster, name)."""
-        self.stats.cluster_queries += 1
+    def cluster_info(self, count: bool = True) -> ClusterInfo:
+        """Every live broker, sorted by (cluster, name). `count=False` for the metrics scrape,
+        which is not a client's query."""
+        if count:
+            self.stats.cluster_queries += 1
         now = self.clock()
         return ClusterInfo([BrokerSummary(e.cluster, e.name, e.address, len(e.topics), e.data_version,
                                           round(now - e.last_heartbeat, 3), round(now - e.registered_at, 3))

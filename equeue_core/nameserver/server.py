@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from equeue_core.codes import Code
 from equeue_core.config import Config
@@ -40,6 +41,8 @@ class NameServer:
         self.address: tuple[str, int] = (config.host, config.port)
         self._server = None
         self._sweeper: asyncio.Task | None = None
+        self.metrics_endpoint: Any = None
+        self.metrics_address: tuple[str, int] | None = None
         self._handlers: dict[int, Handler] = {
             Code.REGISTER_BROKER: self.on_register,
             Code.UNREGISTER_BROKER: self.on_unregister,
@@ -56,8 +59,29 @@ class NameServer:
         self._server = await transport.serve(cfg.host, cfg.port, self, settings)
         self.address = tuple(self._server.address)[:2]  # type: ignore[assignment]
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+        if cfg.nameserver_metrics_port:
+            from equeue_core.broker.prometheus import MetricsEndpoint
+            from equeue_core.nameserver import metrics
+
+            self.metrics_endpoint = MetricsEndpoint(self.metrics_snapshot, asyncio.get_running_loop(),
+                                                    metrics.families)
+            try:
+                self.metrics_address = self.metrics_endpoint.start(cfg.metrics_host, cfg.nameserver_metrics_port)
+            except BaseException:
+                await self.stop()
+                raise
+
+    async def metrics_snapshot(self) -> dict[str, Any]:
+        """What a scrape renders (equeue_core/nameserver/metrics.py), taken on the event loop."""
+        info = self.registry.cluster_info(count=False).to_wire()
+        return {"address": f"{self.address[0]}:{self.address[1]}", "transport": self.config.transport,
+                "clusters": {c: len(names) for c, names in info["clusters"].items()},
+                "brokers": info["brokers"], "stats": self.registry.stats.as_dict()}
 
     async def stop(self) -> None:
+        if self.metrics_endpoint is not None:
+            await asyncio.to_thread(self.metrics_endpoint.close)
+            self.metrics_endpoint = None
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
