@@ -164,3 +164,75 @@ def test_stats_once_with_a_nameserver_prints_a_row_per_broker(two_brokers):
         assert row is not None, r.stdout
         assert f"── broker {name} ──" in r.stdout
     assert r.stdout.count("cluster-stats") == len(NAMES), r.stdout  # each broker's own topics table
+
+
+def _broker_lag(nameserver: str, group: str) -> dict[str, int]:
+    with AdminClient(nameserver=nameserver) as admin:
+        return {b: sum(r["lag"] for r in answer[group]["queues"]) for b, answer in admin.groups(group).items()}
+
+
+def test_reset_on_all_brokers_lists_each_broker_before_moving_both(two_brokers, cluster_console, browser, shots):
+    nameserver, brokers = two_brokers
+    with AdminClient(nameserver=nameserver) as admin:
+        admin.create_topic("cluster-audit", 2)
+        for name, b in brokers.items():
+            with Producer(b.address) as p:
+                p.send_batch([Message("cluster-audit", f"{name}-{i}".encode()) for i in range(20)])
+        admin.reset_offsets("cluster-auditors", "cluster-audit", "latest")
+    browser.get(cluster_console.url + "/groups/cluster-auditors")
+    wait(browser).until(lambda d: _total_lag(d) == 0)
+    form = browser.find_element(By.ID, "reset-form")
+    form.find_element(By.CSS_SELECTOR, 'input[value="earliest"]').click()
+    form.find_element(By.TAG_NAME, "button").click()  # broker: "all brokers" is the default
+    confirm = wait(browser).until(EC.presence_of_element_located((By.ID, "confirm-reset")))
+    assert browser.find_element(By.ID, "reset-brokers").text == "each of 2 brokers: broker-a, broker-b"
+    listed = sorted(_cells(r)[:2] for r in browser.find_elements(By.CSS_SELECTOR, "table tbody tr"))
+    assert listed == [[n, str(q)] for n in NAMES for q in (0, 1)]
+    assert _broker_lag(nameserver, "cluster-auditors") == {n: 0 for n in NAMES}  # nothing moved yet
+    save_screenshot(browser, shots, "console-cluster-reset-confirm")
+    confirm.click()
+    notice = wait(browser).until(EC.presence_of_element_located((By.ID, "notice")))
+    assert "broker-a:cluster-audit/0" in notice.text and "broker-b:cluster-audit/1" in notice.text
+    assert _broker_lag(nameserver, "cluster-auditors") == {n: 20 for n in NAMES}
+
+
+def test_reset_on_one_chosen_broker_leaves_the_other_alone(two_brokers, cluster_console, browser):
+    nameserver, brokers = two_brokers
+    with AdminClient(nameserver=nameserver) as admin:
+        admin.create_topic("cluster-ledger", 1)
+        for b in brokers.values():
+            with Producer(b.address) as p:
+                p.send_batch([Message("cluster-ledger", b"x") for _ in range(7)])
+        admin.reset_offsets("cluster-ledgers", "cluster-ledger", "latest")
+    browser.get(cluster_console.url + "/groups/cluster-ledgers")
+    form = wait(browser).until(EC.presence_of_element_located((By.ID, "reset-form")))
+    form.find_element(By.CSS_SELECTOR, 'select[name="broker"] option[value=""]')  # "all brokers" is offered
+    for option in form.find_elements(By.CSS_SELECTOR, 'select[name="broker"] option'):
+        if option.text == "broker-b":
+            option.click()
+    form.find_element(By.CSS_SELECTOR, 'input[value="earliest"]').click()
+    form.find_element(By.TAG_NAME, "button").click()
+    wait(browser).until(EC.presence_of_element_located((By.ID, "confirm-reset"))).click()
+    wait(browser).until(EC.presence_of_element_located((By.ID, "notice")))
+    assert _broker_lag(nameserver, "cluster-ledgers") == {"broker-a": 0, "broker-b": 7}
+
+
+def test_message_by_id_comes_from_its_broker_and_by_key_from_both(two_brokers, cluster_console, browser, shots):
+    _, brokers = two_brokers
+    sent = {}
+    for name, b in brokers.items():
+        with Producer(b.address) as p:
+            sent[name] = p.send(Message("cluster-mail", f"letter from {name}".encode(), keys=["k-77"]))
+    browser.get(cluster_console.url + "/messages?id=" + sent["broker-b"].msg_id)
+    article = wait(browser).until(EC.presence_of_element_located((By.CSS_SELECTOR, "article.message")))
+    assert article.get_attribute("data-msg-id") == sent["broker-b"].msg_id
+    assert "letter from broker-b" in article.text
+
+    def both_found():  # reloaded: the name servers learn a broker's new topic at its next registration
+        browser.get(cluster_console.url + "/messages?topic=cluster-mail&key=k-77")
+        found = browser.find_elements(By.CSS_SELECTOR, "article.message")
+        return found if len(found) == 2 else None
+
+    found = wait_for(both_found, 60, interval=0.5, what="the key found on both brokers")
+    assert sorted(a.get_attribute("data-msg-id") for a in found) == sorted(m.msg_id for m in sent.values())
+    save_screenshot(browser, shots, "console-cluster-message-by-key")
