@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -83,6 +84,13 @@ def test_overview_lists_every_broker_of_the_cluster(two_brokers, cluster_console
         row = wait(browser).until(EC.presence_of_element_located((By.CSS_SELECTOR, f'tr[data-broker="{name}"]')))
         cells = _cells(row)
         assert cells[:4] == ["c1", name, b.address, "master"], cells
+
+    def rated():  # in/out msg/s appear once the console has two samples of each broker
+        browser.get(cluster_console.url + "/")
+        rows = browser.find_elements(By.CSS_SELECTOR, "#brokers tbody tr[data-broker]")
+        return len(rows) == 2 and all(_cells(r)[6] != "-" and _cells(r)[7] != "-" for r in rows)
+
+    wait_for(rated, 60, interval=0.5, what="rates per broker on the overview")
     save_screenshot(browser, shots, "console-cluster-overview")
 
 
@@ -236,3 +244,39 @@ def test_message_by_id_comes_from_its_broker_and_by_key_from_both(two_brokers, c
     found = wait_for(both_found, 60, interval=0.5, what="the key found on both brokers")
     assert sorted(a.get_attribute("data-msg-id") for a in found) == sorted(m.msg_id for m in sent.values())
     save_screenshot(browser, shots, "console-cluster-message-by-key")
+
+
+def test_dlq_of_one_broker_is_resent_from_the_page_by_that_broker(two_brokers, cluster_console, browser, shots):
+    nameserver, brokers = two_brokers
+    failing = threading.Event()
+    failing.set()
+    got = threading.Event()
+
+    def handler(m) -> None:
+        if m.body == b"poison" and failing.is_set():
+            raise ValueError("cannot handle poison yet")
+        if m.body == b"poison":
+            got.set()
+
+    with Producer(brokers["broker-b"].address) as p:
+        p.send_batch([Message("cluster-pay", b"fine"), Message("cluster-pay", b"poison")])
+    consumer = Consumer("cluster-payers", nameserver=nameserver, consume_from="first", max_reconsume_times=0,
+                        commit_interval=0.5, route_refresh_s=1.0, rebalance_interval=1.0)
+    consumer.subscribe("cluster-pay").start(handler)
+    try:
+        with AdminClient(brokers["broker-b"].address) as admin:
+            dead = wait_for(lambda: admin.dlq_messages("cluster-payers"), 90, interval=0.2, what="a dead letter")
+        assert [m.body for m in dead] == [b"poison"]
+        failing.clear()
+        browser.get(cluster_console.url + "/groups/cluster-payers/dlq")
+        box = wait(browser).until(EC.presence_of_element_located(
+            (By.CSS_SELECTOR, f'input[name="msg_id"][value="broker-b {dead[0].msg_id}"]')))
+        assert _cells(box.find_element(By.XPATH, "./../.."))[1] == "broker-b"  # the broker column
+        box.click()
+        save_screenshot(browser, shots, "console-cluster-dlq")
+        browser.find_element(By.ID, "resend").click()
+        notice = wait(browser).until(EC.presence_of_element_located((By.ID, "notice")))
+        assert "re-sent 1 messages" in notice.text
+        assert got.wait(90), "the re-sent message never reached the consumer"
+    finally:
+        consumer.close()
