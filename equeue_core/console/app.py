@@ -205,6 +205,7 @@ def create_app(broker: str | None = None, sample_interval: float = 5.0, nameserv
         return page(request, "reset.html", title=f"reset {name}", name=name, topic=topic_name,
                     to=target, to_text=_fmt_ms(target) if isinstance(target, int) else target,
                     rows=rows, members=info["members"], chosen=chosen,
+                    chosen_address=cluster.summaries[chosen].address if cluster and chosen in cluster.summaries else None,
                     brokers=sorted({r["broker"] for r in rows}), errors=errors)
 
     async def reset_apply(request: Request) -> Response:
