@@ -331,14 +331,14 @@ def cmd_message(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     from equeue_core.cli.stats import run_stats
 
-    return run_stats(args.broker, args.interval, args.once, args.system)
+    return run_stats(args.broker, args.interval, args.once, args.system, nameserver=args.nameserver)
 
 
 def cmd_console(args: argparse.Namespace) -> int:
     from equeue_core.console.server import serve
 
     logs.configure(args.log_format)
-    _run_loop(serve(args.broker, args.host, args.port, args.sample_interval))
+    _run_loop(serve(args.broker, args.host, args.port, args.sample_interval, args.nameserver))
     return 0
 
 
@@ -495,6 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("stats", help="live view of a broker: rates per topic, lag per group, latency, disk")
     st.add_argument("--broker", default=DEFAULT_BROKER)
+    st.add_argument("--nameserver", help="every broker of a cluster: name servers host:port[,host:port...] (instead of --broker)")
     st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
     st.add_argument("--once", action="store_true",
                     help="print one view (rates over one interval) and exit; the default off a terminal")
@@ -502,7 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(fn=cmd_stats)
 
     co = sub.add_parser("console", help="web console: topics, groups and lag, messages, DLQ re-send, resets")
-    co.add_argument("--broker", default=DEFAULT_BROKER, help="the broker to show (a name server later)")
+    co.add_argument("--broker", default=DEFAULT_BROKER, help="the broker to show")
+    co.add_argument("--nameserver", help="show a cluster: name servers host:port[,host:port...] (instead of --broker)")
     co.add_argument("--host", default="127.0.0.1", help="address the console serves on (default 127.0.0.1)")
     co.add_argument("--port", type=int, default=8080, help="port the console serves on (default 8080)")
     co.add_argument("--sample-interval", type=float, default=5.0,

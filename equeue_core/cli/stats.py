@@ -1,4 +1,5 @@
-"""`equeue stats`: a live terminal view of a broker (rates per topic, lag per group, latency, disk).
+"""`equeue stats`: a live terminal view of a broker (rates per topic, lag per group, latency, disk),
+or with `--nameserver` of every broker of a cluster (a row per broker, then each broker's view).
 
 Fed by the admin client's BROKER_STATS request rather than by scraping the Prometheus endpoint:
 it works over the same `--broker` address and transport as every other command (zmq included),
@@ -122,20 +123,63 @@ class StatsView:
         return Group(head, topics, groups, latency)
 
 
-def run_stats(broker: str, interval: float, once: bool, system: bool, console: Console | None = None) -> int:
+def _totals(snap: dict[str, Any]) -> tuple[float, int, int]:
+    return (snap["time"], sum(t["messages_in"] for t in snap["topics"].values()),
+            sum(t["messages_out"] for t in snap["topics"].values()))
+
+
+class ClusterStatsView:
+    """`--nameserver`: a row per broker (messages in/out per second over every topic, lag, store),
+    then each broker's own view (one StatsView per broker name, so its rates are its own)."""
+
+    def __init__(self, system: bool = False) -> None:
+        self.system = system
+        self.views: dict[str, StatsView] = {}
+
+    def render(self, snaps: dict[str, Any]) -> Group:
+        brokers = Table(title="brokers", title_justify="left", box=box.SIMPLE_HEAD)
+        for col in ("broker", "address", "in/s", "out/s", "stored", "lag", "connections", "store size"):
+            brokers.add_column(col, justify="left" if col in ("broker", "address") else "right", no_wrap=True)
+        parts: list[Any] = [brokers]
+        for name, snap in sorted(snaps.items()):
+            if isinstance(snap, BaseException):
+                brokers.add_row(name, f"[red]{snap}[/red]", "-", "-", "-", "-", "-", "-")
+                continue
+            view = self.views.setdefault(name, StatsView(self.system))
+            r_in = r_out = "-"
+            if view.prev is not None:
+                (t0, i0, o0), (t1, i1, o1) = _totals(view.prev), _totals(snap)
+                if t1 > t0:
+                    r_in, r_out = f"{(i1 - i0) / (t1 - t0):,.0f}", f"{(o1 - o0) / (t1 - t0):,.0f}"
+            lag = sum(n for g in snap["groups"].values() for _, _, n in g["queues"])
+            brokers.add_row(name, snap["address"], r_in, r_out, f"{_totals(snap)[1]:,}", f"{lag:,}",
+                            "-" if snap["connections"] is None else str(snap["connections"]),
+                            human_bytes(snap["disk"]["store_bytes"]))
+            parts += [Text(f"\n── broker {name} ──", style="bold"), view.render(snap)]
+        return Group(*parts)
+
+
+def run_stats(broker: str, interval: float, once: bool, system: bool, console: Console | None = None,
+              nameserver: str | None = None) -> int:
     """Refresh the view every `interval` seconds until Ctrl-C (or print one view with `once`,
-    rates measured over one interval). A broker that stops answering is shown, and retried."""
+    rates measured over one interval). A broker that stops answering is shown, and retried.
+    With `nameserver`, every broker of the cluster (AdminClient(nameserver=...).stats())."""
     from equeue_core.client import AdminClient
 
     console = console or Console()
-    view = StatsView(system)
-    admin: AdminClient | None = AdminClient(broker)
+    view: StatsView | ClusterStatsView = ClusterStatsView(system) if nameserver else StatsView(system)
+    target = f"name servers {nameserver}" if nameserver else f"broker {broker}"
+
+    def connect() -> AdminClient:
+        return AdminClient(nameserver=nameserver) if nameserver else AdminClient(broker)
+
+    admin: AdminClient | None = connect()
 
     def read() -> Any:
         nonlocal admin
         try:
             if admin is None:
-                admin = AdminClient(broker)
+                admin = connect()
             return view.render(admin.stats())
         except (EQueueError, OSError) as e:
             if admin is not None:
@@ -144,7 +188,7 @@ def run_stats(broker: str, interval: float, once: bool, system: bool, console: C
                 except (EQueueError, OSError):
                     pass
             admin = None
-            return Text(f"broker {broker}: {e} (retrying every {interval:g}s)", style="bold red")
+            return Text(f"{target}: {e} (retrying every {interval:g}s)", style="bold red")
 
     try:
         first = read()

@@ -26,8 +26,8 @@ class BrokerUnreachable(Exception):
 
 
 class ConsoleBackend:
-    """The console's view of one broker (`--broker`). A cluster would hold one per broker, found
-    through a name server; the pages already list brokers, so `--nameserver` slots in here."""
+    """The console's view of one broker: the whole console with `--broker`, one per broker of the
+    cluster with `--nameserver` (equeue_core/console/cluster.py)."""
 
     def __init__(self, broker: str, sample_interval: float = 5.0) -> None:
         self.broker = broker
@@ -118,8 +118,14 @@ class ConsoleBackend:
 
     def lag_series(self, group: str) -> dict[str, Any]:
         """The group's lag history as columns for the chart: times, total, and one per queue."""
-        hist = list(self.lag_history.get(group, ()))
-        queues = sorted({q for _, _, per in hist for q in per})
-        return {"t": [round(t, 3) for t, _, _ in hist], "total": [n for _, n, _ in hist],
-                "queues": {q: [per.get(q) for _, _, per in hist] for q in queues},
-                "sampled": time.time()}
+        return lag_columns(self.lag_history.get(group, ()))
+
+
+def lag_columns(history: Any) -> dict[str, Any]:
+    """A lag history (points of (time, total, {queue: lag})) as the chart's columns: times, total,
+    and one per queue (None where a queue had no point)."""
+    hist = list(history)
+    queues = sorted({q for _, _, per in hist for q in per})
+    return {"t": [round(t, 3) for t, _, _ in hist], "total": [n for _, n, _ in hist],
+            "queues": {q: [per.get(q) for _, _, per in hist] for q in queues},
+            "sampled": time.time()}

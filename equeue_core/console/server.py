@@ -26,7 +26,7 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(broker: str, host: str, port: int, sample_interval: float = 5.0) -> None:
+async def serve(broker: str, host: str, port: int, sample_interval: float = 5.0, nameserver: str | None = None) -> None:
     import uvicorn
 
     from equeue_core.console.app import create_app
@@ -34,12 +34,13 @@ async def serve(broker: str, host: str, port: int, sample_interval: float = 5.0)
     sock = bind(host, port)
     address = sock.getsockname()[:2]
     # log_config=None: uvicorn's loggers go through ours (text or JSON, equeue_core.logs).
-    config = uvicorn.Config(create_app(broker, sample_interval), log_config=None, log_level="warning",
+    config = uvicorn.Config(create_app(broker, sample_interval, nameserver), log_config=None, log_level="warning",
                             lifespan="on", access_log=False)
     server = uvicorn.Server(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
     if server.started:
-        print(f"equeue console on http://{address[0]}:{address[1]} (broker {broker})", flush=True)
+        shown = f"name servers {nameserver}" if nameserver else f"broker {broker}"
+        print(f"equeue console on http://{address[0]}:{address[1]} ({shown})", flush=True)
     await task

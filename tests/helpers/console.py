@@ -27,8 +27,11 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-
 
 
 class ConsoleProcess:
-    def __init__(self, broker: str, log_dir: Path, sample_interval: float = 1.0) -> None:
+    def __init__(self, broker: str | None, log_dir: Path, sample_interval: float = 1.0,
+                 nameserver: str | None = None) -> None:
+        """`broker`: the console of that broker; `nameserver` (broker None): of a cluster."""
         self.broker = broker
+        self.nameserver = nameserver
         self.port = free_port()
         self.sample_interval = sample_interval
         self.log_path = Path(log_dir) / f"console-{self.port}.log"
@@ -41,7 +44,8 @@ class ConsoleProcess:
     def start(self, timeout: float = 60.0) -> ConsoleProcess:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "equeue_core.cli.main", "console", "--broker", self.broker,
+            [sys.executable, "-m", "equeue_core.cli.main", "console",
+             *(["--nameserver", self.nameserver] if self.nameserver else ["--broker", str(self.broker)]),
              "--port", str(self.port), "--sample-interval", str(self.sample_interval)],
             stdout=subprocess.PIPE, stderr=self._log)
         assert self.proc.stdout is not None

@@ -46,7 +46,8 @@
     document.getElementById("total-lag").textContent = body.lag;
     document.getElementById("member-count").textContent = body.members.length;
     body.queues.forEach(function (r) {
-      var row = document.querySelector('tr[data-queue="' + CSS.escape(r.topic + "/" + r.queue_id) + '"]');
+      var key = (r.broker ? r.broker + ":" : "") + r.topic + "/" + r.queue_id;  // a cluster's rows carry their broker
+      var row = document.querySelector('tr[data-queue="' + CSS.escape(key) + '"]');
       if (!row) return;
       row.querySelector(".committed").textContent = r.committed === null ? "-" : r.committed;
       row.querySelector(".max").textContent = r.max_offset;
@@ -60,7 +61,7 @@
         var subs = Object.keys(m.subscriptions).map(function (t) { return t + " (" + m.subscriptions[t] + ")"; });
         var queues = m.queues.map(function (q) { return q[0] + "/" + q[1]; });
         var tr = document.createElement("tr");
-        [m.client_id, m.mode, subs.join(", "), queues.join(" ")].forEach(function (text) {
+        (m.broker ? [m.broker] : []).concat([m.client_id, m.mode, subs.join(", "), queues.join(" ")]).forEach(function (text) {
           var td = document.createElement("td");
           td.textContent = text;
           tr.appendChild(td);
@@ -69,7 +70,7 @@
       });
       if (!body.members.length) {
         var tr = document.createElement("tr"), td = document.createElement("td");
-        td.colSpan = 4;
+        td.colSpan = document.querySelectorAll("#members thead th").length;
         td.textContent = "no consumer is connected";
         tr.appendChild(td);
         members.appendChild(tr);
