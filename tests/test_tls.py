@@ -6,7 +6,10 @@ serving."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 
@@ -138,3 +141,19 @@ def test_garbage_before_the_handshake_never_stops_a_tls_broker(tls_broker, certs
     assert tls_broker.proc is not None and tls_broker.proc.poll() is None
     with AdminClient(tls_address(tls_broker), tls_ca=str(certs.ca)) as a:
         assert sum(hi for _, hi in a.queue_ranges("tls.hostile")) == 3
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EQUEUE_TLS_")}
+    return subprocess.run([sys.executable, "-m", "equeue_core.cli.main", *args], capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def test_cli_client_commands_take_tls_flags_and_fail_in_one_line_without_them(tls_broker, certs):
+    address = tls_address(tls_broker)
+    ok = _cli("topics", "create", "tls.cli", "--queues", "2", "--broker", address, "--tls-ca", str(certs.ca))
+    assert ok.returncode == 0, ok.stderr
+    listed = _cli("topics", "list", "--broker", address, "--tls-ca", str(certs.ca))
+    assert listed.returncode == 0 and "tls.cli" in listed.stdout, listed.stderr
+    plain = _cli("topics", "list", "--broker", f"tcp://127.0.0.1:{tls_broker.port}")
+    assert plain.returncode != 0 and "TLS only" in plain.stderr and "Traceback" not in plain.stderr, plain.stderr
