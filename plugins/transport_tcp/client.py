@@ -74,7 +74,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         owner = self._owner
         if owner._tls is None or self.received or owner.settings.tls_cert:
             return ""
-        return (": closed by the server before any answer; a broker with mutual TLS requires a client "
+        return ("; closed by the server before any answer: a broker with mutual TLS requires a client "
                 "certificate (tls_cert/tls_key, EQUEUE_TLS_CERT/EQUEUE_TLS_KEY)")
 
     def eof_received(self) -> bool:
@@ -84,7 +84,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.lost = True
         pending, self.pending = self.pending, {}
         err = self.refusal or ConnectionLostError(f"connection to {self._owner.address} lost"
-                                                  + (f": {exc}" if exc else self._tls_hint()))
+                                                  + (f": {exc}" if exc else "") + self._tls_hint())
         self.refusal = err  # a later request on this protocol says why too (e.g. a TLS alert)
         for fut in pending.values():
             if not fut.done():
