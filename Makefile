@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 .PHONY: run test install install-all system-deps lint bench clean
 
 # Debian packages the suite drives (package or package:command); installed by `make test` if missing.
-DEBIAN_TEST_PACKAGES := strace faketime chromium:chromium chromium-driver:chromedriver tmux
+DEBIAN_TEST_PACKAGES := strace faketime chromium:chromium chromium-driver:chromedriver tmux openssl
 
 $(VENV)/.base: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

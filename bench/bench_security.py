@@ -1,9 +1,10 @@
-"""What ACL signing costs: produce and consume throughput and CPU per message, ACL on vs the plain
-broker, in the same run, batching on (docs/benchmarks.md, "Security").
+"""What ACL signing and TLS cost: produce and consume throughput and CPU per message, ACL on, TLS on
+and both vs the plain broker, in the same run, batching on (docs/benchmarks.md, "Security").
 
-Each round starts a real broker process (plain, then with --acl-file) and runs the client in its
+Each round starts a real broker process (plain, --acl-file, --tls-cert/--tls-key, both) and runs the
+client in its
 own process; CPU is the client's (getrusage) plus the broker's (/proc/<pid>/stat) over the timed
-part only. One JSON line per measurement, then one line of ratios (acl / plain).
+part only. One JSON line per measurement, then one line of ratios per mode (mode / plain).
 
     .venv/bin/python -m bench.bench_security --count 200000 --size 100
 
@@ -97,19 +98,40 @@ def _child(args: list[str], broker: BrokerProcess) -> dict:
     return out
 
 
+MODES = ("plain", "acl", "tls", "acl+tls")
+
+
+def _mode_setup(mode: str, acl: Path, certs) -> tuple[list[str], dict, str]:
+    """(broker flags, client options, address scheme) of one mode."""
+    extra: list[str] = []
+    creds: dict = {}
+    if "acl" in mode:
+        extra += ["--acl-file", str(acl)]
+        creds.update(access_key=ACCOUNT[0], secret_key=ACCOUNT[1])
+    if "tls" in mode:
+        extra += ["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key)]
+        creds["tls_ca"] = str(certs.ca)
+    return extra, creds, "tls" if "tls" in mode else "tcp"
+
+
 def run(count: int, size: int, rounds: int) -> None:
-    """`rounds` alternating plain/acl rounds (a shared machine is noisy); ratios of the medians."""
+    """`rounds` alternating rounds of every mode (a shared machine is noisy); ratios of the medians
+    to plain."""
+    from tests.helpers.certs import make_certs
+
     results: dict[str, dict[str, list[dict]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-security-") as tmp:
         acl = Path(tmp) / "acl.toml"
         acl.write_text(ACL)
-        for rnd, mode in [(i, m) for i in range(rounds) for m in ("plain", "acl")]:
-            extra = ["--acl-file", str(acl)] if mode == "acl" else []
-            creds = json.dumps({"access_key": ACCOUNT[0], "secret_key": ACCOUNT[1]} if mode == "acl" else {})
-            b = BrokerProcess(Path(tmp) / f"{mode}-{rnd}", extra_args=extra).start()
+        certs = make_certs(Path(tmp) / "certs")
+        for rnd, mode in [(i, m) for i in range(rounds) for m in MODES]:
+            extra, options, scheme = _mode_setup(mode, acl, certs)
+            creds = json.dumps(options)
+            b = BrokerProcess(Path(tmp) / f"{mode.replace('+', '-')}-{rnd}", extra_args=extra).start()
+            address = f"{scheme}://127.0.0.1:{b.port}"
             try:
-                for what, args in (("produce", ["produce", b.address, "bench.t", str(count), str(size), creds]),
-                                   ("consume", ["consume", b.address, "bench.t", "bench-g", str(count), creds])):
+                for what, args in (("produce", ["produce", address, "bench.t", str(count), str(size), creds]),
+                                   ("consume", ["consume", address, "bench.t", "bench-g", str(count), creds])):
                     r = _child(args, b)
                     n = r["messages"]
                     row = {"bench": "security", "mode": mode, "op": what, "messages": n, "size": size,
@@ -124,10 +146,13 @@ def run(count: int, size: int, rounds: int) -> None:
         def med(mode: str, key: str, rows: dict = rows) -> float:
             return statistics.median(row[key] for row in rows[mode])
 
-        print(json.dumps({"bench": "security", "op": what, "ratio": "acl/plain (medians)", "rounds": rounds,
-                          "throughput": round(med("acl", "msgs_per_s") / med("plain", "msgs_per_s"), 3),
-                          "cpu_per_msg": round(med("acl", "cpu_us_per_msg") / med("plain", "cpu_us_per_msg"), 3)}),
-              flush=True)
+        for mode in MODES[1:]:
+            print(json.dumps({"bench": "security", "op": what, "ratio": f"{mode}/plain (medians)",
+                              "rounds": rounds,
+                              "throughput": round(med(mode, "msgs_per_s") / med("plain", "msgs_per_s"), 3),
+                              "cpu_per_msg": round(med(mode, "cpu_us_per_msg") / med("plain", "cpu_us_per_msg"),
+                                                   3)}),
+                  flush=True)
 
 
 def main() -> None:
@@ -144,7 +169,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--count", type=int, default=200_000)
     p.add_argument("--size", type=int, default=100)
-    p.add_argument("--rounds", type=int, default=3, help="alternating plain/acl rounds (default 3)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of all modes (default 3)")
     a = p.parse_args()
     run(a.count, a.size, a.rounds)
 

@@ -263,6 +263,12 @@ class TransportSettings:
     # A server connection with nothing received and nothing being handled (a held pull counts as
     # being handled) for this many seconds is closed; 0 = never.
     idle_timeout: float = 600.0
+    # TLS (docs/security.md). Server: tls_cert + tls_key serve TLS, tls_ca requires client
+    # certificates signed by that CA. Client (the tls:// scheme): tls_ca verifies the server
+    # (system CAs if empty), tls_cert + tls_key present a client certificate.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
 
 
 class ServerConnection(Protocol):

@@ -141,6 +141,12 @@ class TransportError(EQueueError):
     code = "transport"
 
 
+class TlsRequiredError(TransportError):
+    """A plaintext client reached a TLS port: the server answers this and closes."""
+
+    code = "tls_required"
+
+
 class ConnectionLostError(TransportError):
     """The connection closed while a request was in flight."""
 

@@ -109,7 +109,8 @@ class Broker:
                                       frame_read_timeout=cfg.frame_read_timeout_s,
                                       max_connections=cfg.max_connections,
                                       max_connection_bytes=cfg.max_connection_bytes,
-                                      idle_timeout=cfg.idle_timeout_s)
+                                      idle_timeout=cfg.idle_timeout_s,
+                                      tls_cert=cfg.tls_cert, tls_key=cfg.tls_key, tls_ca=cfg.tls_ca)
         self._register_handlers()
         if cfg.authorizer_name():
             from equeue_core.broker.access_gate import AccessGate

@@ -34,7 +34,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
                  "store": args.store, "transport": args.transport, "metrics_host": args.metrics_host,
                  "metrics_port": args.metrics_port, "log_format": args.log_format,
                  "nameserver": args.nameserver, "broker_name": args.name, "cluster": args.cluster,
-                 "acl_file": args.acl_file, "acl": True if args.acl_file else None}
+                 "acl_file": args.acl_file, "acl": True if args.acl_file else None,
+                 "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca}
     cfg = config_mod.load(args.config, overrides)
     logs.configure(cfg.log_format)
 
@@ -407,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--name", help="broker name in its cluster (default <hostname>-<port>)")
     b.add_argument("--cluster", help="cluster name (default DefaultCluster)")
     b.add_argument("--acl-file", help="turn ACLs on with this TOML file of [[accounts]] (docs/security.md)")
+    b.add_argument("--tls-cert", help="serve TLS with this PEM certificate (with --tls-key)")
+    b.add_argument("--tls-key", help="the PEM private key of --tls-cert")
+    b.add_argument("--tls-ca", help="mutual TLS: require client certificates signed by this PEM CA")
     b.set_defaults(fn=cmd_broker)
 
     ns = sub.add_parser("nameserver", help="run a name server (route registry) in the foreground")
@@ -525,6 +529,9 @@ def _credential_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--access-key", help="sign requests as this ACL account (or EQUEUE_ACCESS_KEY)")
     parser.add_argument("--secret-key", help="the account's secret (or EQUEUE_SECRET_KEY; the environment "
                                              "keeps it out of the process list)")
+    parser.add_argument("--tls-ca", help="tls:// brokers: verify them with this PEM CA (or EQUEUE_TLS_CA)")
+    parser.add_argument("--tls-cert", help="tls:// brokers: present this client certificate (or EQUEUE_TLS_CERT)")
+    parser.add_argument("--tls-key", help="the private key of --tls-cert (or EQUEUE_TLS_KEY)")
 
 
 def _export_credentials(args: argparse.Namespace) -> None:
@@ -533,6 +540,9 @@ def _export_credentials(args: argparse.Namespace) -> None:
         os.environ["EQUEUE_ACCESS_KEY"] = args.access_key
     if getattr(args, "secret_key", None):
         os.environ["EQUEUE_SECRET_KEY"] = args.secret_key
+    for name in ("tls_ca", "tls_cert", "tls_key"):
+        if getattr(args, name, None):
+            os.environ["EQUEUE_" + name.upper()] = getattr(args, name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

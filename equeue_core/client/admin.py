@@ -36,7 +36,7 @@ class AsyncAdminClient:
     "h:p,h:p")` gives an AsyncClusterAdminClient whose answers are per broker name."""
 
     def __new__(cls, broker: str = "127.0.0.1:10911", nameserver: str | None = None, *,
-                access_key: str | None = None, secret_key: str | None = None) -> Any:
+                access_key: str | None = None, secret_key: str | None = None, **tls: str | None) -> Any:
         if nameserver:
             from equeue_core.client.cluster_admin import AsyncClusterAdminClient
 
@@ -44,9 +44,11 @@ class AsyncAdminClient:
         return super().__new__(cls)
 
     def __init__(self, broker: str = "127.0.0.1:10911", nameserver: None = None, *,
-                 access_key: str | None = None, secret_key: str | None = None) -> None:
+                 access_key: str | None = None, secret_key: str | None = None, tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None) -> None:
         self.broker = broker
-        self._credentials = {"access_key": access_key, "secret_key": secret_key}
+        self._credentials = {"access_key": access_key, "secret_key": secret_key,
+                             "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
         self._conn: BrokerConnection | None = None
         self._id_prefix = ""
 
@@ -161,9 +163,11 @@ class AdminClient:
     """Blocking admin client; every method mirrors AsyncAdminClient."""
 
     def __init__(self, broker: str = "127.0.0.1:10911", nameserver: str | None = None, *,
-                 access_key: str | None = None, secret_key: str | None = None) -> None:
+                 access_key: str | None = None, secret_key: str | None = None, tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None) -> None:
         background_loop()
-        self._async = AsyncAdminClient(broker, nameserver, access_key=access_key, secret_key=secret_key)
+        self._async = AsyncAdminClient(broker, nameserver, access_key=access_key, secret_key=secret_key,
+                                       tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
         run_sync(self._async.start())
 
     def __getattr__(self, name: str) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -41,6 +42,17 @@ def resolve_credentials(access_key: str | None, secret_key: str | None) -> tuple
     return ak, sk.encode()
 
 
+def with_tls(settings: TransportSettings, tls_ca: str | None, tls_cert: str | None,
+             tls_key: str | None) -> TransportSettings:
+    """`settings` with the client's TLS files (arguments, else EQUEUE_TLS_CA/_CERT/_KEY); the
+    tls:// transport uses them, the others ignore them."""
+    files = {name: value if value is not None else os.environ.get("EQUEUE_" + name.upper(), "")
+             for name, value in (("tls_ca", tls_ca), ("tls_cert", tls_cert), ("tls_key", tls_key))}
+    if not any(files.values()):
+        return settings
+    return dataclasses.replace(settings, **files)
+
+
 class BrokerConnection:
     """Requests to one broker. Reconnects are the transport's job; this maps frames to results.
 
@@ -49,10 +61,11 @@ class BrokerConnection:
 
     def __init__(self, address: str | Address, settings: TransportSettings | None = None,
                  on_push: Callable[[Frame], Any] | None = None, *, access_key: str | None = None,
-                 secret_key: str | None = None) -> None:
+                 secret_key: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None) -> None:
         self.address = parse_address(address) if isinstance(address, str) else address
         self._credentials = resolve_credentials(access_key, secret_key)
-        self.settings = settings or TransportSettings()
+        self.settings = with_tls(settings or TransportSettings(), tls_ca, tls_cert, tls_key)
         self._on_push = on_push
         self._conn: ClientConnection | None = None
         self._closed = False

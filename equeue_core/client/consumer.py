@@ -81,8 +81,10 @@ class AsyncConsumer:
                  flow_max_messages: int = 1000, flow_max_bytes: int = 100 * MiB, flow_max_span: int = 2000,
                  hold_ms: int = 15000, parallel_per_queue: int = 1,
                  corrupt_recheck_max: float = 10.0, nameserver: None = None,
-                 access_key: str | None = None, secret_key: str | None = None) -> None:
-        self._credentials = {"access_key": access_key, "secret_key": secret_key}
+                 access_key: str | None = None, secret_key: str | None = None, tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None) -> None:
+        self._credentials = {"access_key": access_key, "secret_key": secret_key,
+                             "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
         if mode not in ("clustering", "broadcasting"):
             raise ConfigError(f"mode must be 'clustering' or 'broadcasting', not {mode!r}")
         if not (consume_from in ("first", "last") or isinstance(consume_from, int)):

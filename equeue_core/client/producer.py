@@ -113,10 +113,12 @@ class AsyncProducer:
                  max_in_flight: int = 200_000, *, nameserver: str | None = None,
                  route_refresh_s: float = DEFAULT_ROUTE_REFRESH_S, fault_base_s: float = 1.0,
                  fault_max_s: float = 60.0, access_key: str | None = None,
-                 secret_key: str | None = None) -> None:
+                 secret_key: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None) -> None:
         self.broker = broker
         self.nameserver = nameserver
-        self._credentials = {"access_key": access_key, "secret_key": secret_key}
+        self._credentials = {"access_key": access_key, "secret_key": secret_key,
+                             "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
         # with nameserver=: routes from the name servers, one connection per broker, and the
         # brokers that failed avoided for a while (client/routing.py, client/fault.py)
         self._router = (ClusterRouter(nameserver, route_refresh_s, min(5.0, send_timeout),

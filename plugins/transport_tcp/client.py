@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 
 from equeue_plugins.transport_tcp.framing import FrameReader, Head, WriteCoalescer
@@ -52,6 +53,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.write_paused = False
         self._resumed: asyncio.Future | None = None
         self.refusal: EQueueError | None = None  # why the server closed us, if it said so
+        self.received = False  # any bytes from the server yet
         self.reader = FrameReader(owner.settings.max_frame_size, self._on_frame, self._on_oversized,
                                   self._on_bad_frame, self._on_fatal)
 
@@ -63,7 +65,17 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         return self.reader.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.received = True
         self.reader.feed(nbytes)
+
+    def _tls_hint(self) -> str:
+        """A TLS server that requires a client certificate closes right after the handshake
+        (TLS 1.3 sends its alert after the client has finished): say so when that fits."""
+        owner = self._owner
+        if owner._tls is None or self.received or owner.settings.tls_cert:
+            return ""
+        return ("; closed by the server before any answer: a broker with mutual TLS requires a client "
+                "certificate (tls_cert/tls_key, EQUEUE_TLS_CERT/EQUEUE_TLS_KEY)")
 
     def eof_received(self) -> bool:
         return False
@@ -72,7 +84,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.lost = True
         pending, self.pending = self.pending, {}
         err = self.refusal or ConnectionLostError(f"connection to {self._owner.address} lost"
-                                                  + (f": {exc}" if exc else ""))
+                                                  + (f": {exc}" if exc else "") + self._tls_hint())
+        self.refusal = err  # a later request on this protocol says why too (e.g. a TLS alert)
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(err)
@@ -134,8 +147,10 @@ class TcpClientConnection:
     """A `ClientConnection` over TCP that reconnects on the next request after a drop."""
 
     def __init__(self, host: str, port: int, settings: TransportSettings,
-                 on_push: Callable[[wire.Frame], object] | None = None) -> None:
+                 on_push: Callable[[wire.Frame], object] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.host = host
+        self._tls = tls
         self.port = port
         self.address = f"{host}:{port}"
         self.settings = settings
@@ -166,13 +181,18 @@ class TcpClientConnection:
                     tune_socket(sock, self.settings.socket_buffer)  # before connect: window scaling
                     sock.setblocking(False)
                     await loop.sock_connect(sock, sockaddr)
-                    _, protocol = await loop.create_connection(lambda: _ClientProtocol(self), sock=sock)
+                    tls_args = {} if self._tls is None else {
+                        "ssl": self._tls, "server_hostname": self.host,
+                        "ssl_handshake_timeout": self.settings.connect_timeout}
+                    _, protocol = await loop.create_connection(lambda: _ClientProtocol(self), sock=sock,
+                                                               **tls_args)
                 except BaseException:
                     sock.close()
                     raise
         except TimeoutError:
+            hint = " (is it a plaintext port? use tcp://)" if self._tls is not None else ""
             raise TransportError(f"connect to {self.address} timed out after "
-                                 f"{self.settings.connect_timeout}s") from None
+                                 f"{self.settings.connect_timeout}s{hint}") from None
         except OSError as e:
             raise TransportError(f"cannot connect to {self.address}: {e}") from None
         self._proto = protocol

@@ -6,8 +6,10 @@ would be. docs/protocol.md describes what goes over the wire.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 
+from equeue_plugins.transport_tcp import tls
 from equeue_plugins.transport_tcp.client import TcpClientConnection
 from equeue_plugins.transport_tcp.server import TcpServer
 
@@ -31,11 +33,24 @@ class TcpTransport:
     async def connect(self, host: str, port: int, settings: TransportSettings,
                       on_push: Callable[[wire.Frame], object] | None = None) -> TcpClientConnection:
         """An open connection; TransportError if the server cannot be reached in connect_timeout."""
-        conn = TcpClientConnection(host, port, settings, on_push)
+        conn = TcpClientConnection(host, port, settings, on_push, self._client_tls(settings))
         await conn.connect()
         return conn
+
+    def _client_tls(self, settings: TransportSettings) -> ssl.SSLContext | None:
+        return None
+
+
+class TlsTransport(TcpTransport):
+    """`tls://host:port`: the TCP transport with TLS (tls.py). A server serves TLS when its
+    settings carry tls_cert/tls_key, whichever of the two names it was started under."""
+
+    name = "tls"
+
+    def _client_tls(self, settings: TransportSettings) -> ssl.SSLContext | None:
+        return tls.client_context(settings)
 
 
 @hookimpl
 def equeue_transports() -> dict:
-    return {"tcp": TcpTransport()}
+    return {"tcp": TcpTransport(), "tls": TlsTransport()}

@@ -303,6 +303,8 @@ class TcpServer:
         self._next_id = 0
         self._server: asyncio.base_events.Server | None = None
         self._idle_task: asyncio.Task | None = None
+        self._tls_accept: asyncio.Task | None = None  # with tls_cert: our own accept loop (tls.py)
+        self._listener: socket.socket | None = None
 
     @property
     def connections(self) -> Mapping[int, TcpServerConnection]:
@@ -319,7 +321,15 @@ class TcpServer:
             tune_socket(sock, self.settings.socket_buffer)
             sock.bind(sockaddr)
             sock.setblocking(False)
-            self._server = await loop.create_server(self._new_connection, sock=sock, backlog=1024)
+            if self.settings.tls_cert:
+                from equeue_plugins.transport_tcp import tls
+
+                ctx = tls.server_context(self.settings)
+                sock.listen(1024)
+                self._listener = sock
+                self._tls_accept = loop.create_task(tls.accept_forever(self, sock, ctx))
+            else:
+                self._server = await loop.create_server(self._new_connection, sock=sock, backlog=1024)
         except BaseException:
             sock.close()
             raise
@@ -357,6 +367,13 @@ class TcpServer:
             self._idle_task = None
         if self._server is not None:
             self._server.close()
+        if self._tls_accept is not None:
+            self._tls_accept.cancel()
+            await asyncio.gather(self._tls_accept, return_exceptions=True)
+            self._tls_accept = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         conns = list(self._connections.values())
         tasks = [t for c in conns for t in c._tasks]
         if tasks:

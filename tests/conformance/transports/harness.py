@@ -7,9 +7,15 @@ server in the frame itself. Every wait here is bounded in time.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import dataclasses
+import functools
+import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import uvloop
@@ -37,7 +43,34 @@ def transport_names() -> list[str]:
 
 
 def transport(name: str) -> Any:
-    return get_plugin_manager().transport(name)
+    t = get_plugin_manager().transport(name)
+    return _WithTls(t) if name == "tls" else t
+
+
+class _WithTls:
+    """The `tls` transport with throw-away certificates in every server's and client's settings,
+    so the whole kit runs over TLS exactly as over plain TCP."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.name = inner.name
+
+    async def serve(self, host: str, port: int, handler: Any, s: TransportSettings) -> Any:
+        certs = _certs()
+        return await self._inner.serve(host, port, handler, dataclasses.replace(
+            s, tls_cert=str(certs.server_cert), tls_key=str(certs.server_key)))
+
+    async def connect(self, host: str, port: int, s: TransportSettings, on_push: Any = None) -> Any:
+        return await self._inner.connect(host, port, dataclasses.replace(s, tls_ca=str(_certs().ca)), on_push)
+
+
+@functools.cache
+def _certs() -> Any:
+    from tests.helpers.certs import make_certs
+
+    d = Path(tempfile.mkdtemp(prefix="equeue-conformance-certs-"))
+    atexit.register(shutil.rmtree, d, True)
+    return make_certs(d)
 
 
 def run(loop_name: str, main: Callable[[], Awaitable[T]], timeout: float = 60.0) -> T:
