@@ -9,6 +9,7 @@ needs no lock of its own; different mailboxes run in parallel on the pool.
 
 from __future__ import annotations
 
+import abc
 import logging
 import queue
 import threading
@@ -49,7 +50,7 @@ class WorkerPool:
             t.join(10)
 
 
-class Mailbox:
+class Mailbox(abc.ABC):
     """Base class: subclasses implement `process(items)` (runs on a worker, never concurrently with
     itself) and may override `before_run()` for control work that must happen on the mailbox's turn."""
 
@@ -101,12 +102,14 @@ class Mailbox:
                 self._scheduled = False
                 self._schedule_locked(force=self.wants_run())
 
-    def before_run(self) -> None:
-        """Control work done on the mailbox's own turn, before taking items."""
+    def before_run(self) -> None:  # noqa: B027 - a hook subclasses may leave as it is
+        """Control work done on the mailbox's own turn, before taking items (none by default)."""
 
     def wants_run(self) -> bool:
         """True when before_run has pending work even if no items are queued."""
         return False
 
+    @abc.abstractmethod
     def process(self, items: list[Any]) -> None:
-        raise NotImplementedError
+        """Handle a batch of queued items on the mailbox's turn (one worker at a time): the
+        command mailbox runs handlers, the event mailbox persists and publishes."""
