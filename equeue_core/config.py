@@ -61,9 +61,11 @@ class Config:
     idle_timeout_s: float = 600.0
     acl: bool = False  # check every request against acl_file (docs/security.md)
     acl_file: str = ""  # TOML file of [[accounts]]; reloaded when it changes
-    tls_cert: str = ""  # PEM certificate: the TCP transport serves TLS only (docs/security.md)
-    tls_key: str = ""  # PEM private key of tls_cert
-    tls_ca: str = ""  # PEM CA: with TLS on, clients must present a certificate it signed (mutual TLS)
+    # The broker's TLS files. Not named tls_cert/tls_key/tls_ca: EQUEUE_TLS_CA/_CERT/_KEY are the
+    # clients' variables, and a broker started in a client's shell must not pick them up.
+    tls_server_cert: str = ""  # PEM certificate: the TCP transport serves TLS only (docs/security.md)
+    tls_server_key: str = ""  # PEM private key of tls_server_cert
+    tls_client_ca: str = ""  # PEM CA: with TLS on, clients must present a certificate it signed (mutual TLS)
     authorizer: str = ""  # authorizer plugin by name; "" = "acl" when acl is on, else none
     acl_window_s: float = 60.0  # signed requests older/newer than this are refused
     acl_reload_s: float = 2.0  # how often the ACL file's mtime is checked
@@ -146,8 +148,9 @@ def validate(cfg: Config) -> Config:
     check_broker_name("config cluster", cfg.cluster)
     if cfg.broker_name:
         check_broker_name("config broker_name", cfg.broker_name)
-    if bool(cfg.tls_cert) != bool(cfg.tls_key) or (cfg.tls_ca and not cfg.tls_cert):
-        raise ConfigError("config tls_cert and tls_key go together; tls_ca needs them")
+    if bool(cfg.tls_server_cert) != bool(cfg.tls_server_key) or (cfg.tls_client_ca and not cfg.tls_server_cert):
+        raise ConfigError("config tls_server_cert and tls_server_key (--tls-cert, --tls-key) go together; "
+                          "tls_client_ca (--tls-ca) needs them")
     if cfg.acl and not cfg.acl_file:
         raise ConfigError("config acl = true needs acl_file (the TOML file of [[accounts]])")
     if cfg.acl_window_s <= 0 or cfg.acl_reload_s <= 0:

@@ -26,6 +26,19 @@ def stack(request) -> tuple[str, str]:
     return request.param
 
 
+@pytest.fixture(autouse=True)
+def tls_client_ca(request, monkeypatch):
+    """A test run on the `tls` transport (a `stack` or `transport` parameter) gets EQUEUE_TLS_CA
+    set to the session CA, so its clients (and CLI subprocesses) trust the brokers that
+    BrokerProcess starts with the session certificates; other tests see no TLS settings."""
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    stack = params.get("stack") or ()
+    if params.get("transport") == "tls" or "tls" in stack:
+        from tests.helpers.certs import session_certs
+
+        monkeypatch.setenv("EQUEUE_TLS_CA", str(session_certs().ca))
+
+
 @pytest.fixture
 def broker(tmp_path, stack):
     store, transport = stack

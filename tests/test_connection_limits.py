@@ -118,7 +118,8 @@ def frame_aligned_chunks(requests: bytes, size: int) -> list[bytes]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("transport", installed("equeue_transports"))
+# tls is left out: the hogs speak raw frames on plain sockets (tls shares the tcp server's budget)
+@pytest.mark.parametrize("transport", [t for t in installed("equeue_transports") if t != "tls"])
 def test_fifty_connections_that_never_read_stay_within_their_byte_budgets(tmp_path, transport):
     """Bound: the broker's RSS at the start (topic written, one pull served) + 50 x (2 x budget,
     which equeue_core.admission guarantees per connection, + 2 MiB per connection of fixed cost)

@@ -118,7 +118,9 @@ def send_responses(buf: bytes) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("transport", installed("equeue_transports"))
+# tls is left out: its response frames are ciphertext, so the trace cannot tell which send a
+# write answers (the fsync-before-reply order is the broker's, the same on every transport)
+@pytest.mark.parametrize("transport", [t for t in installed("equeue_transports") if t != "tls"])
 def test_sync_flush_answers_a_send_only_after_an_fsync_that_covers_it(tmp_path, transport):
     strace = shutil.which("strace")
     assert strace, "strace is missing: `make system-deps` installs it (Makefile DEBIAN_TEST_PACKAGES)"

@@ -110,7 +110,8 @@ class Broker:
                                       max_connections=cfg.max_connections,
                                       max_connection_bytes=cfg.max_connection_bytes,
                                       idle_timeout=cfg.idle_timeout_s,
-                                      tls_cert=cfg.tls_cert, tls_key=cfg.tls_key, tls_ca=cfg.tls_ca)
+                                      tls_cert=cfg.tls_server_cert, tls_key=cfg.tls_server_key,
+                                      tls_ca=cfg.tls_client_ca)
         self._register_handlers()
         if cfg.authorizer_name():
             from equeue_core.broker.access_gate import AccessGate

@@ -35,7 +35,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
                  "metrics_port": args.metrics_port, "log_format": args.log_format,
                  "nameserver": args.nameserver, "broker_name": args.name, "cluster": args.cluster,
                  "acl_file": args.acl_file, "acl": True if args.acl_file else None,
-                 "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca}
+                 "tls_server_cert": args.tls_cert, "tls_server_key": args.tls_key,
+                 "tls_client_ca": args.tls_ca}
     cfg = config_mod.load(args.config, overrides)
     logs.configure(cfg.log_format)
 

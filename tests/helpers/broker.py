@@ -56,6 +56,13 @@ class BrokerProcess:
             cmd += ["--config", self.config]
         if self.metrics_port is not None:
             cmd += ["--metrics-port", str(self.metrics_port)]
+        if self.transport == "tls" and "--tls-cert" not in self.extra_args:
+            # the tls transport needs a certificate: the session's (clients find its CA through
+            # the tls_client_ca fixture in tests/conftest.py)
+            from tests.helpers.certs import session_certs
+
+            certs = session_certs()
+            cmd += ["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key)]
         return cmd + self.extra_args
 
     def start(self, timeout: float = 30.0) -> BrokerProcess:

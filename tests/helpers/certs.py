@@ -46,3 +46,17 @@ def make_certs(d: Path) -> Certs:
     _leaf(d, "client", "ca", "extendedKeyUsage=clientAuth\n")
     return Certs(d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key",
                  d / "other-ca.pem")
+
+
+_session: Certs | None = None
+
+
+def session_certs() -> Certs:
+    """One set of certificates for the whole test process (made on first use, in a temp dir):
+    what a broker started on the `tls` transport serves when its test gives no certificates."""
+    global _session
+    if _session is None:
+        import tempfile
+
+        _session = make_certs(Path(tempfile.mkdtemp(prefix="equeue-test-certs-")))
+    return _session
