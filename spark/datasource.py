@@ -328,6 +328,11 @@ def _check_write_schema(schema: StructType) -> None:
         raise EQueueSparkError("column 'keys' must be array<string> or string")
 
 
+# writer option -> Producer keyword (docs/spark.md, "Write options")
+_SECURITY_OPTIONS = {"tls_ca": "tlsCa", "tls_cert": "tlsCert", "tls_key": "tlsKey",
+                     "access_key": "accessKey", "secret_key": "secretKey"}
+
+
 def send_arrow_batches(options: dict[str, str], batches: Iterator[Any]) -> int:
     """Send every row of the batches to the topic; returns how many the broker acknowledged.
 
@@ -342,7 +347,10 @@ def send_arrow_batches(options: dict[str, str], batches: Iterator[Any]) -> int:
     topic = _required_topic(options)
     chunk = int_opt(options, "batchSize", 512)
     sent = 0
-    with Producer(broker=_broker_address(options)) as producer:
+    # the workers' environment is the Spark daemon's, not the driver's: security settings travel
+    # as options (unset ones fall back to EQUEUE_* variables where the worker runs)
+    security = {key: opt(options, name) for key, name in _SECURITY_OPTIONS.items()}
+    with Producer(broker=_broker_address(options), **security) as producer:
         pending: list = []
         futures: list = []
         for batch in batches:

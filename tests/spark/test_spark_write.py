@@ -45,8 +45,12 @@ def test_batch_write_reaches_a_consumer(spark, tmp_path, transport):
               .select(F.format_string("row-%06d", "id").cast("binary").alias("body"),
                       F.when(F.col("id") % 2 == 0, F.lit("even")).otherwise(F.lit("odd")).alias("tag"),
                       F.array(F.format_string("key-%d", "id")).alias("keys")))
-        df.write.format("equeue").option("broker", broker.address).option("topic", "written").mode(
-            "append").save()
+        writer = df.write.format("equeue").option("broker", broker.address).option("topic", "written")
+        if transport == "tls":  # the workers run in Spark's daemon: TLS files travel as options
+            from tests.helpers.certs import session_certs
+
+            writer = writer.option("tlsCa", str(session_certs().ca))
+        writer.mode("append").save()
         got = _consume_all(broker.address, "written", N)
         assert sorted(got) == [b"row-%06d" % i for i in range(N)]
         m = got[b"row-000007"]
