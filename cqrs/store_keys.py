@@ -10,6 +10,7 @@ Tables (LMDB databases / RocksDB column families):
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 
 import msgspec
 from equeue_cqrs.store import CommandRecord, Snapshot, StoredEvent, check_id
@@ -54,6 +55,20 @@ def event_from(key: bytes, value: bytes) -> StoredEvent:
     aggregate_id, version = split_event_key(bytes(key))
     command_id, event_id, type_, payload, ts = _decode(value)
     return StoredEvent(aggregate_id, version, command_id, event_id, type_, payload, ts)
+
+
+def events_of(prefix: bytes, pairs: Iterable[tuple[bytes, bytes]], to_version: int | None) -> list[StoredEvent]:
+    """The events among `pairs` (an engine's key order, from an aggregate's first wanted key)
+    that still carry `prefix`, up to to_version: the one scan both event stores share."""
+    out: list[StoredEvent] = []
+    for k, v in pairs:
+        if not k.startswith(prefix):
+            break
+        e = event_from(k, v)
+        if to_version is not None and e.version > to_version:
+            break
+        out.append(e)
+    return out
 
 
 def command_key(command_id: str) -> bytes:

@@ -87,20 +87,11 @@ class LmdbEventStore:
     def read_events(self, aggregate_id: str, from_version: int = 1,
                     to_version: int | None = None) -> list[StoredEvent]:
         self._check_open()
-        prefix = keys.event_prefix(aggregate_id)
-        out: list[StoredEvent] = []
         with self.env.begin(db=self.events) as txn:
             cur = txn.cursor()
             if not cur.set_range(keys.event_key(aggregate_id, max(1, from_version))):
-                return out
-            for k, v in cur:
-                if not k.startswith(prefix):
-                    break
-                e = keys.event_from(k, v)
-                if to_version is not None and e.version > to_version:
-                    break
-                out.append(e)
-        return out
+                return []
+            return keys.events_of(keys.event_prefix(aggregate_id), cur, to_version)
 
     def command_results(self, command_ids: Iterable[str]) -> dict[str, CommandRecord]:
         self._check_open()
