@@ -20,6 +20,7 @@ from equeue_core.codes import Code
 from equeue_core.errors import AccessDeniedError, ConfigError
 from equeue_core.frame import Frame
 from tests.helpers.broker import BrokerProcess, free_port
+from tests.helpers.waiting import wait_until
 
 ADMIN = ("root", "root-secret-0001")
 APP = ("app", "app-secret-0001")
@@ -47,15 +48,6 @@ topics = ["*"]
 groups = ["*"]
 addresses = ["127.0.0.1/32"]
 """
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 @pytest.fixture(scope="module")

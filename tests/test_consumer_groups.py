@@ -17,6 +17,7 @@ from equeue_core.allocation import allocate
 from equeue_core.client import AdminClient, Consumer, Message, Producer
 from tests.helpers.broker import BrokerProcess
 from tests.helpers.consume import Collector
+from tests.helpers.waiting import wait_until
 
 FAST = dict(heartbeat_interval=0.5, rebalance_interval=1.0, commit_interval=0.5, suspend_seconds=0.1)
 LEVELS = "200ms 300ms 400ms 500ms 600ms 700ms 800ms 900ms"
@@ -32,15 +33,6 @@ def fast_broker(tmp_path):
         yield b
     finally:
         b.stop()
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def _create(address: str, topic: str, queues: int) -> None:

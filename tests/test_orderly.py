@@ -12,6 +12,7 @@ import pytest
 from equeue_core.client import AdminClient, Consumer, Message, Producer
 from tests.helpers.broker import BrokerProcess
 from tests.helpers.proxy import CuttableProxy
+from tests.helpers.waiting import wait_until
 
 FAST = dict(heartbeat_interval=0.5, rebalance_interval=1.0, commit_interval=0.5, suspend_seconds=0.1)
 
@@ -26,15 +27,6 @@ def long_lock_broker(tmp_path):
         yield b
     finally:
         b.stop()
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def test_a_consumer_whose_connection_drops_stops_before_the_next_lock_holder_starts(long_lock_broker):

@@ -12,6 +12,7 @@ from equeue_core.client import AdminClient, Consumer, Message, Producer
 from equeue_core.errors import DelayTooLongError
 from tests.helpers.broker import BrokerProcess
 from tests.helpers.consume import Collector
+from tests.helpers.waiting import wait_until
 
 FAST = dict(heartbeat_interval=0.5, rebalance_interval=1.0, commit_interval=0.5, suspend_seconds=0.1)
 LEVELS = "200ms 300ms 400ms 500ms 600ms 700ms 800ms 900ms"
@@ -23,15 +24,6 @@ def _broker(tmp_path, flush: str = "async", extra: str = "") -> BrokerProcess:
     cfg = tmp_path / "broker.toml"
     cfg.write_text(f'delay_levels = "{LEVELS}"\nheartbeat_expiry_s = 5\noffset_persist_ms = 200\n{extra}')
     return BrokerProcess(tmp_path / "data", flush=flush, config=str(cfg))
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def now_ms() -> int:

@@ -19,6 +19,7 @@ from equeue_core.errors import SystemTopicError
 from equeue_core.plugins import get_plugin_manager
 from tests.helpers.broker import BrokerProcess
 from tests.helpers.consume import Collector
+from tests.helpers.waiting import wait_until
 
 FAST = dict(heartbeat_interval=0.5, rebalance_interval=1.0, commit_interval=0.5, suspend_seconds=0.1)
 LEVELS = "200ms 300ms 400ms 500ms 600ms 700ms 800ms 900ms"
@@ -33,15 +34,6 @@ def fast_broker(tmp_path):
         yield b
     finally:
         b.stop()
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def test_producers_cannot_write_into_existing_system_topics(fast_broker):

@@ -11,7 +11,6 @@ import random
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -19,6 +18,7 @@ from equeue_core.client import AdminClient, Consumer, Message, Producer
 from equeue_core.errors import EQueueError, TlsRequiredError, TransportError
 from tests.helpers.broker import BrokerProcess
 from tests.helpers.certs import Certs, make_certs
+from tests.helpers.waiting import wait_until
 from tests.test_transport_hostile import _attack, attack_payloads
 
 
@@ -50,15 +50,6 @@ def mtls_broker(tmp_path, certs):
 
 def tls_address(b: BrokerProcess) -> str:
     return f"tls://127.0.0.1:{b.port}"
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def produce_and_consume(address: str, topic: str, **tls: str) -> None:
