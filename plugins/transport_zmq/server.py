@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Mapping
 
 import zmq
+from equeue_plugins.transport_zmq import curve
 from equeue_plugins.transport_zmq.parts import (
     FLUSH_BYTES,
     FrameBatcher,
@@ -131,6 +132,7 @@ class ZmqServer:
         self._blocked: set[ZmqServerConnection] = set()  # peers with replies ZeroMQ did not take
         self._refusing: set[bytes] = set()
         self._idle_task: asyncio.Task | None = None
+        self.zap: curve.ZapHandler | None = None  # with curve_allowed_keys: lets in listed client keys
 
     @property
     def connections(self) -> Mapping[int, ZmqServerConnection]:
@@ -143,6 +145,9 @@ class ZmqServer:
         sock = self._ctx.socket(zmq.ROUTER)
         try:
             set_common_options(sock, self.settings.socket_buffer, *self._hb)
+            curve.configure_server(sock, self.settings)  # with curve_secret_key: CURVE only
+            if self.settings.curve_secret_key and self.settings.curve_allowed_keys:
+                self.zap = curve.ZapHandler(self._ctx, self.settings.curve_allowed_keys)
             # Hard bound on any one message part; the per-frame check below gives the clear error.
             sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_frame_size)
             # A peer that connects but does not finish the ZMTP handshake in time is dropped (the
@@ -444,6 +449,9 @@ class ZmqServer:
             self._sock = None
 
     def _close_sockets(self, sock: zmq.Socket) -> None:
+        if self.zap is not None:
+            self.zap.close()
+            self.zap = None
         if self._monitor is not None:
             try:
                 sock.disable_monitor()
