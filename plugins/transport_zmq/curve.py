@@ -31,6 +31,7 @@ log = logging.getLogger("equeue.security")
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = b"equeue"
 RELOAD_CHECK_S = 1.0
+MESSAGE_OVERHEAD = 256  # bytes a CURVE MESSAGE command adds to a part (33 today), with room to spare
 LOG_EVERY_S = 1.0
 
 HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
