@@ -68,6 +68,7 @@ class AsyncNameServerClient:
         """Ask the current name server; on a transport failure (or, with retry_on_not_found, a
         TopicNotFoundError) ask the next, each at most once. The one that answers becomes current."""
         failures: list[str] = []
+        kinds: set[type[TransportError]] = set()
         not_found: TopicNotFoundError | None = None
         n = len(self.addresses)
         for i in range(n):
@@ -77,6 +78,7 @@ class AsyncNameServerClient:
                 result = await self._ask(address, code, header or {})
             except TransportError as e:
                 failures.append(f"{address}: {e}")
+                kinds.add(type(e))
                 conn = self._conns.pop(address, None)
                 if conn is not None:
                     await conn.close()
@@ -90,7 +92,9 @@ class AsyncNameServerClient:
             return result
         if not_found is not None:
             raise not_found
-        raise TransportError("no name server reachable: " + "; ".join(failures))
+        # every name server refused the same way (tls_required, handshake_refused): keep that type
+        kind = kinds.pop() if len(kinds) == 1 else TransportError
+        raise kind("no name server reachable: " + "; ".join(failures))
 
     async def get_route(self, topic: str) -> TopicRoute:
         """Every live broker that has `topic`, with its queue count and permission.
