@@ -24,7 +24,7 @@ from equeue_core.client.credentials import ClientLink
 from equeue_core.client.loop import run_sync
 from equeue_core.contracts import TransportSettings
 from equeue_core.errors import ConfigError, HandshakeRefusedError
-from tests.helpers.broker import BrokerProcess
+from tests.helpers.broker import BrokerProcess, free_port
 from tests.helpers.waiting import wait_until
 
 
@@ -169,6 +169,25 @@ def test_a_curve_broker_without_allowed_keys_encrypts_for_any_client_key_but_ref
         assert stored(b, keys, "curve.open") == 1
     finally:
         b.stop()
+
+
+def test_a_connected_client_whose_broker_returns_with_another_key_gets_handshake_refused_not_a_timeout(
+        tmp_path, keys):
+    port = free_port()
+    first = BrokerProcess(tmp_path / "data", transport="zmq", port=port,
+                          extra_args=["--curve-secret-key", str(keys.server[1])]).start()
+    with Producer(first.address, send_timeout=600, retries=0, **good(keys)) as p:
+        try:
+            p.send_batch([Message("curve.rekeyed", b"before")])
+        finally:
+            first.stop()
+        second = BrokerProcess(tmp_path / "data", transport="zmq", port=port,
+                               extra_args=["--curve-secret-key", str(keys.other[1])]).start()
+        try:
+            with pytest.raises(HandshakeRefusedError, match="wrong curve_server_key"):
+                p.send_batch([Message("curve.rekeyed", b"after")])
+        finally:
+            second.stop()
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

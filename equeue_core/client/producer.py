@@ -270,7 +270,8 @@ class AsyncProducer:
             except TransportError as e:
                 attempt += 1
                 if attempt > self.retries:
-                    raise TransportError(f"send to {topic}/{queue_id} failed after {attempt} tries: {e}") from e
+                    # the same type (handshake_refused, timeout, ...), so the cause is not lost
+                    raise type(e)(f"send to {topic}/{queue_id} failed after {attempt} tries: {e}", **e.details) from e
                 await asyncio.sleep(0.1 * attempt)
         h = resp.header
         return _BatchAnswer(topic, queue_id, h["id_prefix"], h["first_offset"], h["positions"])

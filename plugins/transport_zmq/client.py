@@ -236,7 +236,9 @@ class ZmqClientConnection:
             self._refused.set()
         elif kind == zmq.EVENT_DISCONNECTED:
             self._connected.clear()
-            self._fail_pending(ConnectionLostError(f"connection to {self.address} lost"))
+            refusal = self._refusal  # set: this connection never got past its handshake
+            self._fail_pending(ConnectionLostError(f"connection to {self.address} lost") if refusal is None
+                               else HandshakeRefusedError(str(refusal), **refusal.details))
 
     def _fail_pending(self, err: Exception) -> None:
         pending, self._pending = self._pending, {}
