@@ -106,24 +106,14 @@ def _baseline(mode: str) -> str:
     return "zmq" if mode.startswith("zmq") else "plain"
 
 
-def _curve_keys(d: Path) -> dict[str, Path]:
-    from equeue_core import curve_keys
-
-    server, client = curve_keys.generate(d, "server"), curve_keys.generate(d, "client")
-    allowed = d / "allowed"
-    allowed.mkdir()
-    (allowed / "client.key").write_bytes(client[0].read_bytes())
-    return {"server": server[0], "server_secret": server[1], "client_secret": client[1], "allowed": allowed}
-
-
-def _mode_setup(mode: str, acl: Path, certs, curve: dict[str, Path]) -> tuple[list[str], dict, str]:
+def _mode_setup(mode: str, acl: Path, certs, curve) -> tuple[list[str], dict, str]:
     """(broker flags, client options, address scheme) of one mode."""
     extra: list[str] = []
     creds: dict = {}
     if mode.startswith("zmq"):
         if "curve" in mode:
-            extra += ["--curve-secret-key", str(curve["server_secret"]), "--curve-allowed-keys", str(curve["allowed"])]
-            creds.update(curve_server_key=str(curve["server"]), curve_secret_key=str(curve["client_secret"]))
+            extra += curve.broker_args()
+            creds.update(curve.client_credentials())
         return extra, creds, "zmq"
     if "acl" in mode:
         extra += ["--acl-file", str(acl)]
@@ -138,13 +128,14 @@ def run(count: int, size: int, rounds: int, modes: tuple[str, ...] = MODES) -> N
     """`rounds` alternating rounds of every mode (a shared machine is noisy); ratios of the medians
     to plain (to zmq for zmq+curve)."""
     from tests.helpers.certs import make_certs
+    from tests.helpers.curve import make_curve_keys
 
     results: dict[str, dict[str, list[dict]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-security-") as tmp:
         acl = Path(tmp) / "acl.toml"
         acl.write_text(ACL)
         certs = make_certs(Path(tmp) / "certs")
-        curve = _curve_keys(Path(tmp) / "curve")
+        curve = make_curve_keys(Path(tmp) / "curve")
         for rnd, mode in [(i, m) for i in range(rounds) for m in modes]:
             extra, options, scheme = _mode_setup(mode, acl, certs, curve)
             creds = json.dumps(options)

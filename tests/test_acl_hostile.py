@@ -26,6 +26,7 @@ from equeue_core.codes import Code
 from equeue_core.frame import Frame
 from tests.helpers.broker import BrokerProcess
 from tests.helpers.certs import make_certs
+from tests.helpers.curve import make_curve_keys
 from tests.test_acl import raw_request
 from tests.test_broker_hostile import _garbage_client, headers, values
 
@@ -130,16 +131,12 @@ def _channel(kind: str, d: Path, acl: Path, cfg: Path) -> Channel:
         extra += ["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key)]
         return Channel(kind, BrokerProcess(d / "data", transport="tls", config=str(cfg), extra_args=extra),
                        {"tls_ca": str(certs.ca)}, ssl.create_default_context(cafile=str(certs.ca)))
-    server = curve_keys.generate(d / "keys", "server")
-    client = curve_keys.generate(d / "keys", "client")
-    allowed = d / "allowed"
-    allowed.mkdir()
-    (allowed / "client.key").write_bytes(client[0].read_bytes())
-    extra += ["--curve-secret-key", str(server[1]), "--curve-allowed-keys", str(allowed)]
-    public, secret = curve_keys.key_pair(str(client[1]))
-    return Channel(kind, BrokerProcess(d / "data", transport="zmq", config=str(cfg), extra_args=extra),
-                   {"curve_server_key": str(server[0]), "curve_secret_key": str(client[1])},
-                   curve={"server": curve_keys.public_key(str(server[0])).encode(), "public": public.encode(),
+    keys = make_curve_keys(d / "keys")
+    public, secret = curve_keys.key_pair(str(keys.client[1]))
+    return Channel(kind, BrokerProcess(d / "data", transport="zmq", config=str(cfg),
+                                       extra_args=extra + keys.broker_args()),
+                   keys.client_credentials(),
+                   curve={"server": curve_keys.public_key(str(keys.server[0])).encode(), "public": public.encode(),
                           "secret": secret.encode()})
 
 

@@ -12,8 +12,6 @@ import stat
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -25,30 +23,13 @@ from equeue_core.client.loop import run_sync
 from equeue_core.contracts import TransportSettings
 from equeue_core.errors import ConfigError, HandshakeRefusedError
 from tests.helpers.broker import BrokerProcess, free_port
+from tests.helpers.curve import CurveKeys, make_curve_keys
 from tests.helpers.waiting import wait_until
 
 
-@dataclass(frozen=True)
-class Keys:
-    server: tuple[Path, Path]  # (public file, secret file)
-    client: tuple[Path, Path]
-    other: tuple[Path, Path]
-    allowed: Path  # directory holding client.key only
-
-
-def make_keys(d: Path) -> Keys:
-    server = curve_keys.generate(d, "server")
-    client = curve_keys.generate(d, "client")
-    other = curve_keys.generate(d, "other")
-    allowed = d / "allowed"
-    allowed.mkdir()
-    shutil.copy(client[0], allowed / "client.key")
-    return Keys(server, client, other, allowed)
-
-
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory) -> Keys:
-    return make_keys(tmp_path_factory.mktemp("curve-keys"))
+def keys(tmp_path_factory) -> CurveKeys:
+    return make_curve_keys(tmp_path_factory.mktemp("curve-keys"))
 
 
 @pytest.fixture
@@ -56,17 +37,16 @@ def curve_broker(tmp_path, keys):
     cfg = tmp_path / "broker.toml"
     cfg.write_text("offset_persist_ms = 200\n")
     b = BrokerProcess(tmp_path / "data", transport="zmq", config=str(cfg),
-                      extra_args=["--curve-secret-key", str(keys.server[1]),
-                                  "--curve-allowed-keys", str(keys.allowed)]).start()
+                      extra_args=keys.broker_args()).start()
     yield b
     b.stop()
 
 
-def good(keys: Keys) -> dict[str, str]:
-    return {"curve_server_key": str(keys.server[0]), "curve_secret_key": str(keys.client[1])}
+def good(keys: CurveKeys) -> dict[str, str]:
+    return keys.client_credentials()
 
 
-def stored(b: BrokerProcess, keys: Keys, topic: str) -> int:
+def stored(b: BrokerProcess, keys: CurveKeys, topic: str) -> int:
     with AdminClient(b.address, **good(keys)) as a:
         return sum(hi for _, hi in a.queue_ranges(topic)) if topic in a.topics() else 0
 
@@ -159,7 +139,7 @@ def test_a_key_added_to_the_allowed_directory_is_let_in_without_a_restart(curve_
 
 
 def test_a_curve_broker_without_allowed_keys_encrypts_for_any_client_key_but_refuses_plaintext(tmp_path, keys):
-    b = BrokerProcess(tmp_path / "data", transport="zmq", extra_args=["--curve-secret-key", str(keys.server[1])]).start()
+    b = BrokerProcess(tmp_path / "data", transport="zmq", extra_args=keys.broker_args(allowed=False)).start()
     try:
         with Producer(b.address, curve_server_key=str(keys.server[0])) as p:  # a throw-away client pair
             p.send_batch([Message("curve.open", b"x")])
@@ -175,7 +155,7 @@ def test_a_connected_client_whose_broker_returns_with_another_key_gets_handshake
         tmp_path, keys):
     port = free_port()
     first = BrokerProcess(tmp_path / "data", transport="zmq", port=port,
-                          extra_args=["--curve-secret-key", str(keys.server[1])]).start()
+                          extra_args=keys.broker_args(allowed=False)).start()
     with Producer(first.address, send_timeout=600, retries=0, **good(keys)) as p:
         try:
             p.send_batch([Message("curve.rekeyed", b"before")])
