@@ -28,6 +28,20 @@ class CurveKeys:
         return {"curve_server_key": str(self.server[0]), "curve_secret_key": str(self.client[1])}
 
 
+_session: CurveKeys | None = None
+
+
+def session_curve_keys() -> CurveKeys:
+    """One set of keys for the whole test process (made on first use, in a temp dir): what a broker
+    started on the `zmq+curve` test transport serves when its test gives no keys."""
+    global _session
+    if _session is None:
+        import tempfile
+
+        _session = make_curve_keys(Path(tempfile.mkdtemp(prefix="equeue-test-curve-")))
+    return _session
+
+
 def make_curve_keys(d: Path) -> CurveKeys:
     d = Path(d)
     server = curve_keys.generate(d, "server")
