@@ -89,6 +89,42 @@ def describe_refusal(event: int, value: int, address: str, client_key: str | Non
         f"or the server does not serve CURVE")
 
 
+class RateLimitedLog:
+    """Warnings on `equeue.security`, at most one a second, each with a count of the ones held back:
+    a flood of refused handshakes cannot flood the log."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._last = 0.0
+        self._held = 0
+
+    def warn(self, msg: str, *args: object) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self._last < LOG_EVERY_S:
+            self._held += 1
+            return
+        held, self._held, self._last = self._held, 0, now
+        log.warning(msg + (f" (+{held} more held back)" if held else ""), *args)
+
+
+_PROTOCOL_FAILURES = {
+    int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH): "mechanism mismatch: a plaintext (NULL) client on this CURVE port",
+    int(zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC): "cryptographic failure: a client with the wrong server key, "
+                                                "or one whose public and secret keys do not match",
+}
+
+
+def note_server_handshake_failure(failures: RateLimitedLog, event: int, value: int) -> None:
+    """Log a failed handshake the server's monitor saw (ZAP refusals are logged by the ZapHandler,
+    which knows the peer and key; ZeroMQ names neither here)."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return
+    why = _PROTOCOL_FAILURES.get(value, f"ZeroMQ protocol error {value:#x}" if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                 else "the peer closed during the handshake")
+    failures.warn("a CURVE handshake failed: %s", why)
+
+
 class ZapHandler:
     """Answers ZAP requests for one server context from the allowed-keys file or directory."""
 
@@ -97,10 +133,8 @@ class ZapHandler:
         self._version = curve_keys.allowed_keys_version(path)
         self.allowed = {z85.decode(k) for k in curve_keys.allowed_keys(path)}  # bad at start: fatal
         self._checked = time.monotonic()
-        self.refused = 0
+        self.refusals = RateLimitedLog()
         self.reloads = 0
-        self._last_log = 0.0
-        self._held = 0
         self._sock = ctx.socket(zmq.ROUTER)
         self._sock.linger = 0
         self._sock.bind(ZAP_ENDPOINT)
@@ -138,22 +172,13 @@ class ZapHandler:
                 reply = [b"200", b"OK", z85.encode(key)]
             else:
                 reply = [b"400", b"CURVE key not allowed", b""]
-                self._log_refusal(address.decode("ascii", "replace"), key)
+                shown = z85.encode(key).decode() if len(key) == 32 else "-"
+                self.refusals.warn("peer=%s: CURVE key %s not allowed, handshake refused",
+                                   address.decode("ascii", "replace"), shown)
         except Exception:  # a bug refuses this handshake; it never leaves ZeroMQ waiting for an answer
             log.exception("ZAP request failed")
             reply = [b"500", b"internal error", b""]
         self._pump.send([peer, b"", version, request_id, *reply, b""])
-
-    def _log_refusal(self, address: str, key: bytes) -> None:
-        self.refused += 1
-        now = time.monotonic()
-        if now - self._last_log < LOG_EVERY_S:
-            self._held += 1
-            return
-        held, self._held, self._last_log = self._held, 0, now
-        shown = z85.encode(key).decode() if len(key) == 32 else "-"
-        log.warning("peer=%s: CURVE key %s not allowed, handshake refused%s", address, shown,
-                    f" (+{held} more like it held back)" if held else "")
 
     def close(self) -> None:
         self._pump.close()

@@ -133,6 +133,7 @@ class ZmqServer:
         self._refusing: set[bytes] = set()
         self._idle_task: asyncio.Task | None = None
         self.zap: curve.ZapHandler | None = None  # with curve_allowed_keys: lets in listed client keys
+        self.handshake_failures = curve.RateLimitedLog()  # CURVE handshakes that failed (logged, counted)
 
     @property
     def connections(self) -> Mapping[int, ZmqServerConnection]:
@@ -164,7 +165,8 @@ class ZmqServer:
             # aborts the process (assert !_io_error) when a peer whose input was stopped at the
             # HWM hangs up and is then sent a reply.)
             sock.setsockopt(zmq.SNDHWM, max(2, self.settings.max_connection_bytes // (2 * FLUSH_BYTES)))
-            self._monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+            self._monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+                                                    | (curve.HANDSHAKE_FAILED if self.settings.curve_secret_key else 0))
             sock.bind(f"tcp://{host}:{port if port else '*'}")
         except BaseException:
             self._close_sockets(sock)
@@ -310,7 +312,9 @@ class ZmqServer:
 
     def _on_monitor_event(self, msg: list[zmq.Frame]) -> None:
         event = parse_monitor_message([p.bytes for p in msg])
-        if event["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_ACCEPTED):
+        if event["event"] & curve.HANDSHAKE_FAILED:
+            curve.note_server_handshake_failure(self.handshake_failures, event["event"], int(event["value"]))
+        elif event["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_ACCEPTED):
             # DISCONNECTED: that peer is gone. ACCEPTED on an fd we still map: its previous owner
             # closed without a DISCONNECTED (the fd could not be reused otherwise).
             conn = self._by_fd.get(int(event["value"]))
