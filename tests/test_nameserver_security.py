@@ -159,8 +159,8 @@ def curve_cluster(d: Path):
     allowed.mkdir()
     for public, _ in (broker_keys, client_keys):
         (allowed / public.name).write_bytes(public.read_bytes())
-    ns = NameServerProcess(d, transport="zmq", env={"EQUEUE_ZMQ_CURVE_SECRET_KEY_FILE": str(ns_keys[1]),
-                                                    "EQUEUE_ZMQ_CURVE_ALLOWED_KEYS": str(allowed)})
+    ns = NameServerProcess(d, transport="zmq", extra_args=["--curve-secret-key", str(ns_keys[1]),
+                                                           "--curve-allowed-keys", str(allowed)])
     with ns:
         b = BrokerProcess(d / "broker-z", transport="zmq", env={"EQUEUE_LINK_CURVE_SERVER_KEY": str(ns_keys[0])},
                           extra_args=["--curve-secret-key", str(broker_keys[1]), "--curve-allowed-keys",
