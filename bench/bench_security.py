@@ -1,12 +1,13 @@
-"""What ACL signing and TLS cost: produce and consume throughput and CPU per message, ACL on, TLS on
-and both vs the plain broker, in the same run, batching on (docs/benchmarks.md, "Security").
+"""What ACL signing, TLS and CURVE cost: produce and consume throughput and CPU per message, ACL on,
+TLS on and both vs the plain broker, and CURVE vs the plain zmq broker, in the same run, batching on
+(docs/benchmarks.md, "Security").
 
-Each round starts a real broker process (plain, --acl-file, --tls-cert/--tls-key, both) and runs the
-client in its
-own process; CPU is the client's (getrusage) plus the broker's (/proc/<pid>/stat) over the timed
-part only. One JSON line per measurement, then one line of ratios per mode (mode / plain).
+Each round starts a real broker process (plain, --acl-file, --tls-cert/--tls-key, both; zmq and
+zmq with --curve-secret-key/--curve-allowed-keys) and runs the client in its own process; CPU is the client's (getrusage) plus the broker's (/proc/<pid>/stat) over the timed
+part only. One JSON line per measurement, then one line of ratios per mode (mode / plain, and
+zmq+curve / zmq).
 
-    .venv/bin/python -m bench.bench_security --count 200000 --size 100
+    .venv/bin/python -m bench.bench_security --count 200000 --size 100 [--modes zmq,zmq+curve]
 
 Not a test: nothing here asserts a time.
 """
@@ -98,13 +99,22 @@ def _child(args: list[str], broker: BrokerProcess) -> dict:
     return out
 
 
-MODES = ("plain", "acl", "tls", "acl+tls")
+MODES = ("plain", "acl", "tls", "acl+tls", "zmq", "zmq+curve")
 
 
-def _mode_setup(mode: str, acl: Path, certs) -> tuple[list[str], dict, str]:
+def _baseline(mode: str) -> str:
+    return "zmq" if mode.startswith("zmq") else "plain"
+
+
+def _mode_setup(mode: str, acl: Path, certs, curve) -> tuple[list[str], dict, str]:
     """(broker flags, client options, address scheme) of one mode."""
     extra: list[str] = []
     creds: dict = {}
+    if mode.startswith("zmq"):
+        if "curve" in mode:
+            extra += curve.broker_args()
+            creds.update(curve.client_credentials())
+        return extra, creds, "zmq"
     if "acl" in mode:
         extra += ["--acl-file", str(acl)]
         creds.update(access_key=ACCOUNT[0], secret_key=ACCOUNT[1])
@@ -114,20 +124,23 @@ def _mode_setup(mode: str, acl: Path, certs) -> tuple[list[str], dict, str]:
     return extra, creds, "tls" if "tls" in mode else "tcp"
 
 
-def run(count: int, size: int, rounds: int) -> None:
+def run(count: int, size: int, rounds: int, modes: tuple[str, ...] = MODES) -> None:
     """`rounds` alternating rounds of every mode (a shared machine is noisy); ratios of the medians
-    to plain."""
+    to plain (to zmq for zmq+curve)."""
     from tests.helpers.certs import make_certs
+    from tests.helpers.curve import make_curve_keys
 
     results: dict[str, dict[str, list[dict]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-security-") as tmp:
         acl = Path(tmp) / "acl.toml"
         acl.write_text(ACL)
         certs = make_certs(Path(tmp) / "certs")
-        for rnd, mode in [(i, m) for i in range(rounds) for m in MODES]:
-            extra, options, scheme = _mode_setup(mode, acl, certs)
+        curve = make_curve_keys(Path(tmp) / "curve")
+        for rnd, mode in [(i, m) for i in range(rounds) for m in modes]:
+            extra, options, scheme = _mode_setup(mode, acl, certs, curve)
             creds = json.dumps(options)
-            b = BrokerProcess(Path(tmp) / f"{mode.replace('+', '-')}-{rnd}", extra_args=extra).start()
+            b = BrokerProcess(Path(tmp) / f"{mode.replace('+', '-')}-{rnd}", extra_args=extra,
+                              transport="zmq" if scheme == "zmq" else "tcp").start()
             address = f"{scheme}://127.0.0.1:{b.port}"
             try:
                 for what, args in (("produce", ["produce", address, "bench.t", str(count), str(size), creds]),
@@ -146,11 +159,14 @@ def run(count: int, size: int, rounds: int) -> None:
         def med(mode: str, key: str, rows: dict = rows) -> float:
             return statistics.median(row[key] for row in rows[mode])
 
-        for mode in MODES[1:]:
-            print(json.dumps({"bench": "security", "op": what, "ratio": f"{mode}/plain (medians)",
+        for mode in modes:
+            base = _baseline(mode)
+            if mode == base or base not in rows or mode not in rows:
+                continue
+            print(json.dumps({"bench": "security", "op": what, "ratio": f"{mode}/{base} (medians)",
                               "rounds": rounds,
-                              "throughput": round(med(mode, "msgs_per_s") / med("plain", "msgs_per_s"), 3),
-                              "cpu_per_msg": round(med(mode, "cpu_us_per_msg") / med("plain", "cpu_us_per_msg"),
+                              "throughput": round(med(mode, "msgs_per_s") / med(base, "msgs_per_s"), 3),
+                              "cpu_per_msg": round(med(mode, "cpu_us_per_msg") / med(base, "cpu_us_per_msg"),
                                                    3)}),
                   flush=True)
 
@@ -170,8 +186,13 @@ def main() -> None:
     p.add_argument("--count", type=int, default=200_000)
     p.add_argument("--size", type=int, default=100)
     p.add_argument("--rounds", type=int, default=3, help="rounds of all modes (default 3)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {', '.join(MODES)}")
     a = p.parse_args()
-    run(a.count, a.size, a.rounds)
+    modes = tuple(a.modes.split(","))
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        p.error(f"unknown mode(s): {', '.join(sorted(unknown))}")
+    run(a.count, a.size, a.rounds, modes)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,12 @@ NEEDS: dict[int, str] = {
     Code.QUERY_BY_KEY: ADMIN,
     Code.BROKER_STATS: ADMIN,
     Code.SKIP_RECORD: ADMIN,
+    # name server (docs/cluster.md): only brokers register, and they sign as an admin account
+    Code.REGISTER_BROKER: ADMIN,
+    Code.UNREGISTER_BROKER: ADMIN,
+    Code.GET_ROUTE: ANY,
+    Code.GET_CLUSTER_INFO: ANY,
+    Code.NAMESERVER_INFO: ANY,
 }
 
 

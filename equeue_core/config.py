@@ -69,6 +69,18 @@ class Config:
     authorizer: str = ""  # authorizer plugin by name; "" = "acl" when acl is on, else none
     acl_window_s: float = 60.0  # signed requests older/newer than this are refused
     acl_reload_s: float = 2.0  # how often the ACL file's mtime is checked
+    # CURVE for the zmq transport (docs/security.md). Not named curve_*: EQUEUE_CURVE_* are the clients'.
+    zmq_curve_secret_key_file: str = ""  # the server's secret key file (`equeue keys generate`): CURVE only
+    zmq_curve_allowed_keys: str = ""  # file or directory of client public keys let in; "" = any client key
+    # What this server presents on its own outgoing links (a broker's registration with its name
+    # servers): client credentials, as a client's access_key/tls_ca/curve_server_key ... arguments.
+    link_access_key: str = ""
+    link_secret_key: str = ""
+    link_tls_ca: str = ""
+    link_tls_cert: str = ""
+    link_tls_key: str = ""
+    link_curve_server_key: str = ""  # Z85 text or key file of the name servers' public key
+    link_curve_secret_key: str = ""  # this link's own key pair; "" = zmq_curve_secret_key_file
     store_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def authorizer_name(self) -> str:
@@ -151,6 +163,11 @@ def validate(cfg: Config) -> Config:
     if bool(cfg.tls_server_cert) != bool(cfg.tls_server_key) or (cfg.tls_client_ca and not cfg.tls_server_cert):
         raise ConfigError("config tls_server_cert and tls_server_key (--tls-cert, --tls-key) go together; "
                           "tls_client_ca (--tls-ca) needs them")
+    if cfg.zmq_curve_allowed_keys and not cfg.zmq_curve_secret_key_file:
+        raise ConfigError("config zmq_curve_allowed_keys (--curve-allowed-keys) needs zmq_curve_secret_key_file "
+                          "(--curve-secret-key)")
+    if bool(cfg.link_access_key) != bool(cfg.link_secret_key):
+        raise ConfigError("config link_access_key and link_secret_key go together")
     if cfg.acl and not cfg.acl_file:
         raise ConfigError("config acl = true needs acl_file (the TOML file of [[accounts]])")
     if cfg.acl_window_s <= 0 or cfg.acl_reload_s <= 0:

@@ -269,6 +269,15 @@ class TransportSettings:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    # CURVE (ZeroMQ transport, docs/security.md), keys as Z85 text. Server: curve_secret_key (with
+    # curve_public_key) serves CURVE only; curve_allowed_keys is a file or directory of the client
+    # public keys let in ("" = any key: encryption without client authentication). Client:
+    # curve_server_key (the server's public key) turns CURVE on; curve_public_key/curve_secret_key
+    # is the client's own pair (an ephemeral one if empty).
+    curve_secret_key: str = ""
+    curve_public_key: str = ""
+    curve_server_key: str = ""
+    curve_allowed_keys: str = ""
 
 
 class ServerConnection(Protocol):

@@ -21,13 +21,16 @@ Handler = Callable[[ServerConnection, Frame], Awaitable[Frame | None]]
 
 
 async def dispatch(handlers: Mapping[int, Handler], conn: ServerConnection, frame: Frame,
-                   log: logging.Logger) -> Frame | None:
+                   log: logging.Logger, gate: Any = None) -> Frame | None:
+    """`gate`: an AccessGate whose check runs before the handler (access control on)."""
     handler = handlers.get(frame.code)
     try:
         if handler is None:
             raise UnknownRequestError(f"unknown request code {frame.code}")
         if not isinstance(frame.header, dict):
             raise ProtocolError("frame header must be a map")
+        if gate is not None:
+            gate.check(conn, frame)
         return await handler(conn, frame)
     except EQueueError as e:
         if frame.is_oneway:

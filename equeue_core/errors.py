@@ -147,6 +147,13 @@ class TlsRequiredError(TransportError):
     code = "tls_required"
 
 
+class HandshakeRefusedError(TransportError):
+    """(client side, not sent) the server refused the connection's handshake: a CURVE key it does
+    not allow, a wrong server key, or a CURVE server reached without CURVE (or the reverse)."""
+
+    code = "handshake_refused"
+
+
 class ConnectionLostError(TransportError):
     """The connection closed while a request was in flight."""
 

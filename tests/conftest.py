@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from equeue_core.plugins import get_plugin_manager
-from tests.helpers.broker import BrokerProcess
+from tests.helpers.broker import ZMQ_CURVE, BrokerProcess
 
 
 def installed(hook: str) -> list[str]:
@@ -18,6 +18,8 @@ def stack_params() -> list:
     stores = installed("equeue_store_engines")
     transports = installed("equeue_transports")
     pairs = [(s, "tcp") for s in stores] + [("file", t) for t in transports if t != "tcp"]
+    if "zmq" in transports:
+        pairs.append(("file", ZMQ_CURVE))  # zmq serving CURVE (BrokerProcess, curve_client_keys)
     return [pytest.param(p, id=f"{p[0]}-{p[1]}") for p in pairs]
 
 
@@ -37,6 +39,19 @@ def tls_client_ca(request, monkeypatch):
         from tests.helpers.certs import session_certs
 
         monkeypatch.setenv("EQUEUE_TLS_CA", str(session_certs().ca))
+
+
+@pytest.fixture(autouse=True)
+def curve_client_keys(request, monkeypatch):
+    """A test run on the `zmq+curve` stack gets EQUEUE_CURVE_SERVER_KEY/_SECRET_KEY set to the
+    session keys, so its clients pass the CURVE brokers that BrokerProcess starts; other tests see
+    no CURVE settings."""
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    if ZMQ_CURVE in (params.get("stack") or ()) or params.get("transport") == ZMQ_CURVE:
+        from tests.helpers.curve import session_curve_keys
+
+        for name, value in session_curve_keys().client_credentials().items():
+            monkeypatch.setenv("EQUEUE_" + name.upper(), value)
 
 
 @pytest.fixture

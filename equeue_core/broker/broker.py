@@ -33,7 +33,7 @@ from equeue_core.broker.topics import (
 )
 from equeue_core.codes import Code, PullStatus
 from equeue_core.config import Config, parse_delay_levels
-from equeue_core.contracts import ServerConnection, StoreSettings, TransportSettings
+from equeue_core.contracts import ServerConnection, StoreSettings
 from equeue_core.errors import (
     CorruptRecordError,
     EQueueError,
@@ -45,6 +45,7 @@ from equeue_core.errors import (
 from equeue_core.export import BROKER_INFO
 from equeue_core.frame import Frame
 from equeue_core.plugins import PluginManager, get_plugin_manager
+from equeue_core.serving import access_gate, server_settings
 from equeue_core.threads import run_to_end
 
 log = logging.getLogger("equeue.broker")
@@ -105,19 +106,9 @@ class Broker:
         self.retention = RetentionCleaner(self, cfg.retention_hours, cfg.retention_policy, cfg.retention_check_s,
                                           cfg.disk_high_water)
         transport = self.plugins.transport(cfg.transport)
-        tsettings = TransportSettings(max_frame_size=cfg.max_frame_size,
-                                      frame_read_timeout=cfg.frame_read_timeout_s,
-                                      max_connections=cfg.max_connections,
-                                      max_connection_bytes=cfg.max_connection_bytes,
-                                      idle_timeout=cfg.idle_timeout_s,
-                                      tls_cert=cfg.tls_server_cert, tls_key=cfg.tls_server_key,
-                                      tls_ca=cfg.tls_client_ca)
+        tsettings = server_settings(cfg)
         self._register_handlers()
-        if cfg.authorizer_name():
-            from equeue_core.broker.access_gate import AccessGate
-
-            name = cfg.authorizer_name()
-            self.access = AccessGate(self.plugins.authorizer(name)(cfg), name)
+        self.access = access_gate(cfg, self.plugins)
         self.metrics_address = self.metrics.start(cfg.metrics_host, cfg.metrics_port)
         self._server = await transport.serve(cfg.host, cfg.port, self, tsettings)
         self.address = tuple(self._server.address)[:2]  # type: ignore[assignment]

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from equeue_core.client.address import Address
 from equeue_core.client.connection import BrokerConnection
+from equeue_core.client.credentials import ClientLink, client_link
 from equeue_core.codes import Code
 from equeue_core.contracts import TransportSettings
 from equeue_core.errors import BrokerNameConflictError, EQueueError, TransportError
@@ -74,13 +75,14 @@ class NameServerLink:
 class BrokerRegistrar:
     def __init__(self, cluster: str, name: str, address: str, nameservers: list[Address],
                  interval_s: float, topics: Callable[[], dict[str, int]],
-                 settings: TransportSettings | None = None) -> None:
+                 settings: TransportSettings | None = None, link: ClientLink | None = None) -> None:
         self.cluster = cluster
         self.name = name
         self.address = address
         self.interval_s = interval_s
         self._topics = topics
         self.settings = settings or TransportSettings(connect_timeout=REQUEST_TIMEOUT)
+        self.link_settings = link or ClientLink(self.settings, None)  # TLS, CURVE, signing (client/credentials.py)
         self.links = [NameServerLink(a) for a in nameservers]
         self.data_version = int(time.time() * 1000)
         self._tasks: list[asyncio.Task] = []
@@ -96,7 +98,8 @@ class BrokerRegistrar:
             broker.plugins.transport(a.transport)
         return cls(cfg.cluster, cfg.broker_name or default_broker_name(port),
                    f"{cfg.transport}://{advertised_host(host)}:{port}", nameservers,
-                   cfg.register_interval_s, lambda: broker.topics.topics)
+                   cfg.register_interval_s, lambda: broker.topics.topics,
+                   link=client_link(cfg, TransportSettings(connect_timeout=REQUEST_TIMEOUT)))
 
     # ------------------------------------------------------------ lifecycle
 
@@ -148,7 +151,7 @@ class BrokerRegistrar:
     async def _register(self, link: NameServerLink) -> None:
         try:
             if link.conn is None:
-                link.conn = await BrokerConnection(link.address, self.settings).connect()
+                link.conn = await BrokerConnection(link.address, link=self.link_settings).connect()
             resp = await link.conn.request(Code.REGISTER_BROKER, self._header(), timeout=REQUEST_TIMEOUT)
         except BrokerNameConflictError as e:
             self._set_state(link, "refused", str(e))

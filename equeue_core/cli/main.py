@@ -34,9 +34,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
                  "store": args.store, "transport": args.transport, "metrics_host": args.metrics_host,
                  "metrics_port": args.metrics_port, "log_format": args.log_format,
                  "nameserver": args.nameserver, "broker_name": args.name, "cluster": args.cluster,
-                 "acl_file": args.acl_file, "acl": True if args.acl_file else None,
-                 "tls_server_cert": args.tls_cert, "tls_server_key": args.tls_key,
-                 "tls_client_ca": args.tls_ca}
+                 **_server_security_overrides(args)}
     cfg = config_mod.load(args.config, overrides)
     logs.configure(cfg.log_format)
 
@@ -106,7 +104,8 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
     from equeue_core.nameserver.server import NameServer
 
     cfg = config_mod.load(args.config, {"host": args.host, "port": args.port, "transport": args.transport,
-                                        "nameserver_metrics_port": args.metrics_port})
+                                        "nameserver_metrics_port": args.metrics_port,
+                                        **_server_security_overrides(args)})
     logs.configure(cfg.log_format)
 
     async def main() -> None:
@@ -408,10 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--nameserver", help="join a cluster: name servers host:port[,host:port...]")
     b.add_argument("--name", help="broker name in its cluster (default <hostname>-<port>)")
     b.add_argument("--cluster", help="cluster name (default DefaultCluster)")
-    b.add_argument("--acl-file", help="turn ACLs on with this TOML file of [[accounts]] (docs/security.md)")
-    b.add_argument("--tls-cert", help="serve TLS with this PEM certificate (with --tls-key)")
-    b.add_argument("--tls-key", help="the PEM private key of --tls-cert")
-    b.add_argument("--tls-ca", help="mutual TLS: require client certificates signed by this PEM CA")
+    _server_security_arguments(b)
     b.set_defaults(fn=cmd_broker)
 
     ns = sub.add_parser("nameserver", help="run a name server (route registry) in the foreground")
@@ -421,7 +417,14 @@ def build_parser() -> argparse.ArgumentParser:
     ns.add_argument("--transport", help="transport plugin name (tcp, zmq)")
     ns.add_argument("--metrics-port", type=int,
                     help="port of the Prometheus endpoint (default 9878, 0 = off; host: metrics_host)")
+    _server_security_arguments(ns)
     ns.set_defaults(fn=cmd_nameserver)
+
+    ky = sub.add_parser("keys", help="CURVE keys for the zmq transport (docs/security.md)")
+    ky.add_argument("action", choices=["generate"])
+    ky.add_argument("--out", default=".", help="directory to write <name>.key and <name>.key_secret to")
+    ky.add_argument("--name", default="equeue", help="file name of the pair (default equeue)")
+    ky.set_defaults(fn=cmd_keys)
 
     cl = sub.add_parser("cluster", help="brokers registered with the name servers, or one topic's route")
     cl.add_argument("--nameserver", required=True, help="host:port[,host:port...]")
@@ -521,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(fn=cmd_plugins)
 
     sub.add_parser("spark", help="Spark jobs: export, report (see `equeue spark --help`)", add_help=False)
-    for client_cmd in (pr, c, t, g, ms, st, co):
+    for client_cmd in (pr, c, t, g, ms, st, co, cl):
         _credential_arguments(client_cmd)
     return p
 
@@ -533,6 +536,37 @@ def _credential_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-ca", help="tls:// brokers: verify them with this PEM CA (or EQUEUE_TLS_CA)")
     parser.add_argument("--tls-cert", help="tls:// brokers: present this client certificate (or EQUEUE_TLS_CERT)")
     parser.add_argument("--tls-key", help="the private key of --tls-cert (or EQUEUE_TLS_KEY)")
+    parser.add_argument("--curve-server-key", help="zmq brokers: CURVE with this server public key, Z85 or key "
+                                                   "file (or EQUEUE_CURVE_SERVER_KEY)")
+    parser.add_argument("--curve-secret-key", help="this client's CURVE key file (.key_secret) (or "
+                                                   "EQUEUE_CURVE_SECRET_KEY; default: a throw-away pair)")
+
+
+def _server_security_arguments(parser: argparse.ArgumentParser) -> None:
+    """What a broker and a name server serve with (docs/security.md); both take the same flags."""
+    parser.add_argument("--acl-file", help="turn ACLs on with this TOML file of [[accounts]] (docs/security.md)")
+    parser.add_argument("--tls-cert", help="serve TLS with this PEM certificate (with --tls-key)")
+    parser.add_argument("--tls-key", help="the PEM private key of --tls-cert")
+    parser.add_argument("--tls-ca", help="mutual TLS: require client certificates signed by this PEM CA")
+    parser.add_argument("--curve-secret-key", help="zmq transport: serve CURVE only, with this secret key file "
+                                                   "(`equeue keys generate`)")
+    parser.add_argument("--curve-allowed-keys", help="zmq transport with CURVE: let in only the client public "
+                                                     "keys in this file or directory of .key files")
+
+
+def _server_security_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {"acl_file": args.acl_file, "acl": True if args.acl_file else None,
+            "tls_server_cert": args.tls_cert, "tls_server_key": args.tls_key, "tls_client_ca": args.tls_ca,
+            "zmq_curve_secret_key_file": args.curve_secret_key, "zmq_curve_allowed_keys": args.curve_allowed_keys}
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from equeue_core import curve_keys
+
+    public, secret = curve_keys.generate(args.out, args.name)
+    print(f"wrote {public} (public: share it) and {secret} (secret, mode 0600: keep it here)")
+    print(f"public key {curve_keys.read_key_file(public)[0]}")
+    return 0
 
 
 def _export_credentials(args: argparse.Namespace) -> None:
@@ -541,8 +575,8 @@ def _export_credentials(args: argparse.Namespace) -> None:
         os.environ["EQUEUE_ACCESS_KEY"] = args.access_key
     if getattr(args, "secret_key", None):
         os.environ["EQUEUE_SECRET_KEY"] = args.secret_key
-    for name in ("tls_ca", "tls_cert", "tls_key"):
-        if getattr(args, name, None):
+    for name in ("tls_ca", "tls_cert", "tls_key", "curve_server_key", "curve_secret_key"):
+        if getattr(args, name, None) and args.command not in ("broker", "nameserver"):
             os.environ["EQUEUE_" + name.upper()] = getattr(args, name)
 
 

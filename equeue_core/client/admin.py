@@ -7,6 +7,7 @@ from typing import Any
 
 from equeue_core.broker.topics import DLQ_PREFIX
 from equeue_core.client.connection import BrokerConnection
+from equeue_core.client.credentials import credentials
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch, received_from
 from equeue_core.codes import Code
@@ -35,20 +36,23 @@ class AsyncAdminClient:
     """`AsyncAdminClient(broker="h:p")` administers one broker; `AsyncAdminClient(nameserver=
     "h:p,h:p")` gives an AsyncClusterAdminClient whose answers are per broker name."""
 
-    def __new__(cls, broker: str = "127.0.0.1:10911", nameserver: str | None = None, *,
-                access_key: str | None = None, secret_key: str | None = None, **tls: str | None) -> Any:
+    def __new__(cls, broker: str = "127.0.0.1:10911", nameserver: str | None = None,
+                **credentials: str | None) -> Any:
         if nameserver:
             from equeue_core.client.cluster_admin import AsyncClusterAdminClient
 
-            return AsyncClusterAdminClient(nameserver, access_key=access_key, secret_key=secret_key)
+            return AsyncClusterAdminClient(nameserver, **credentials)
         return super().__new__(cls)
 
     def __init__(self, broker: str = "127.0.0.1:10911", nameserver: None = None, *,
                  access_key: str | None = None, secret_key: str | None = None, tls_ca: str | None = None,
-                 tls_cert: str | None = None, tls_key: str | None = None) -> None:
+                 tls_cert: str | None = None, tls_key: str | None = None,
+                 curve_server_key: str | None = None, curve_public_key: str | None = None,
+                 curve_secret_key: str | None = None) -> None:
         self.broker = broker
-        self._credentials = {"access_key": access_key, "secret_key": secret_key,
-                             "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
+        self._credentials = credentials(access_key=access_key, secret_key=secret_key, tls_ca=tls_ca,
+                                        tls_cert=tls_cert, tls_key=tls_key, curve_server_key=curve_server_key,
+                                        curve_public_key=curve_public_key, curve_secret_key=curve_secret_key)
         self._conn: BrokerConnection | None = None
         self._id_prefix = ""
 
@@ -162,12 +166,12 @@ class AsyncAdminClient:
 class AdminClient:
     """Blocking admin client; every method mirrors AsyncAdminClient."""
 
-    def __init__(self, broker: str = "127.0.0.1:10911", nameserver: str | None = None, *,
-                 access_key: str | None = None, secret_key: str | None = None, tls_ca: str | None = None,
-                 tls_cert: str | None = None, tls_key: str | None = None) -> None:
+    def __init__(self, broker: str = "127.0.0.1:10911", nameserver: str | None = None,
+                 **credentials: str | None) -> None:
+        """`credentials`: access_key, secret_key, tls_ca/_cert/_key, curve_server_key/_public_key/
+        _secret_key, as for AsyncAdminClient."""
         background_loop()
-        self._async = AsyncAdminClient(broker, nameserver, access_key=access_key, secret_key=secret_key,
-                                       tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+        self._async = AsyncAdminClient(broker, nameserver, **credentials)
         run_sync(self._async.start())
 
     def __getattr__(self, name: str) -> Any:

@@ -13,6 +13,7 @@ import asyncio
 from typing import Any
 
 from equeue_core import msgid
+from equeue_core.client.credentials import credentials as client_credentials
 from equeue_core.client.message import ReceivedMessage
 from equeue_core.client.nameserver import AsyncNameServerClient
 from equeue_core.errors import ConfigError, EQueueError, TopicNotFoundError
@@ -20,10 +21,11 @@ from equeue_core.nameserver.routes import BrokerSummary
 
 
 class AsyncClusterAdminClient:
-    def __init__(self, nameserver: str, *, access_key: str | None = None, secret_key: str | None = None) -> None:
+    def __init__(self, nameserver: str, **credentials: str | None) -> None:
+        """`credentials`: as for AsyncAdminClient (client/credentials.py); the name servers get them too."""
         self.nameserver = nameserver
-        self._credentials = {"access_key": access_key, "secret_key": secret_key}
-        self.nameservers = AsyncNameServerClient(nameserver)
+        self._credentials = client_credentials(**credentials)
+        self.nameservers = AsyncNameServerClient(nameserver, credentials=self._credentials)
         self._admins: dict[str, Any] = {}  # broker address -> AsyncAdminClient
 
     async def start(self) -> AsyncClusterAdminClient:

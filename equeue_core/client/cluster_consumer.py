@@ -31,6 +31,7 @@ from typing import Any
 
 from equeue_core.broker.topics import RETRY_PREFIX
 from equeue_core.client.consumer import AsyncConsumer, parse_expression
+from equeue_core.client.credentials import CREDENTIALS
 from equeue_core.client.process_queue import ProcessQueue
 from equeue_core.client.routing import DEFAULT_ROUTE_REFRESH_S, BrokerQueue, ClusterRouter, readable_queues
 from equeue_core.codes import Code
@@ -52,8 +53,8 @@ class AsyncClusterConsumer:
         self.rebalance_interval = float(options.get("rebalance_interval", 20.0))
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
         self.options = options
-        self.router = ClusterRouter(nameserver, route_refresh_s, credentials={
-            "access_key": options.get("access_key"), "secret_key": options.get("secret_key")})
+        self.router = ClusterRouter(nameserver, route_refresh_s,
+                                    credentials={k: options.get(k) for k in CREDENTIALS})
         self.subscriptions: dict[str, str] = {}
         self.parts: dict[str, AsyncConsumer] = {}  # broker name -> its part
         self._handler: Callable[..., Any] | None = None

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
 from equeue_core import signing
 from equeue_core.client.address import Address, parse_address
+from equeue_core.client.credentials import ClientLink, client_link
 from equeue_core.contracts import ClientConnection, TransportSettings
-from equeue_core.errors import ClientClosedError, ConfigError, EQueueError, error_for_code
+from equeue_core.errors import ClientClosedError, EQueueError, error_for_code
 from equeue_core.frame import Frame
 from equeue_core.plugins import get_plugin_manager
 
@@ -30,29 +29,6 @@ def raise_for_error(frame: Frame) -> Frame:
     return frame
 
 
-def resolve_credentials(access_key: str | None, secret_key: str | None) -> tuple[str, bytes] | None:
-    """(access key, secret) from the arguments, else EQUEUE_ACCESS_KEY/EQUEUE_SECRET_KEY; None for an
-    unsigned client. One without the other is a configuration error."""
-    ak = access_key if access_key is not None else os.environ.get("EQUEUE_ACCESS_KEY") or None
-    sk = secret_key if secret_key is not None else os.environ.get("EQUEUE_SECRET_KEY") or None
-    if ak is None and sk is None:
-        return None
-    if not ak or not sk:
-        raise ConfigError("access_key and secret_key go together (or EQUEUE_ACCESS_KEY and EQUEUE_SECRET_KEY)")
-    return ak, sk.encode()
-
-
-def with_tls(settings: TransportSettings, tls_ca: str | None, tls_cert: str | None,
-             tls_key: str | None) -> TransportSettings:
-    """`settings` with the client's TLS files (arguments, else EQUEUE_TLS_CA/_CERT/_KEY); the
-    tls:// transport uses them, the others ignore them."""
-    files = {name: value if value is not None else os.environ.get("EQUEUE_" + name.upper(), "")
-             for name, value in (("tls_ca", tls_ca), ("tls_cert", tls_cert), ("tls_key", tls_key))}
-    if not any(files.values()):
-        return settings
-    return dataclasses.replace(settings, **files)
-
-
 class BrokerConnection:
     """Requests to one broker. Reconnects are the transport's job; this maps frames to results.
 
@@ -60,12 +36,15 @@ class BrokerConnection:
     fresh timestamp and nonce, so a retry is a new signed request."""
 
     def __init__(self, address: str | Address, settings: TransportSettings | None = None,
-                 on_push: Callable[[Frame], Any] | None = None, *, access_key: str | None = None,
-                 secret_key: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
-                 tls_key: str | None = None) -> None:
+                 on_push: Callable[[Frame], Any] | None = None, *, link: ClientLink | None = None,
+                 **credentials: str | None) -> None:
+        """`credentials`: access_key, secret_key, tls_ca/_cert/_key, curve_server_key/_public_key/
+        _secret_key (client/credentials.py; None falls back to EQUEUE_*); or a ready `link`."""
         self.address = parse_address(address) if isinstance(address, str) else address
-        self._credentials = resolve_credentials(access_key, secret_key)
-        self.settings = with_tls(settings or TransportSettings(), tls_ca, tls_cert, tls_key)
+        if link is None:
+            link = client_link(credentials, settings)
+        self.settings = link.settings
+        self._credentials = link.signer
         self._on_push = on_push
         self._conn: ClientConnection | None = None
         self._closed = False

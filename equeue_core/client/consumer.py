@@ -27,6 +27,7 @@ from typing import Any
 from equeue_core import record
 from equeue_core.broker.topics import RETRY_PREFIX
 from equeue_core.client.connection import BrokerConnection
+from equeue_core.client.credentials import credentials
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
@@ -82,9 +83,12 @@ class AsyncConsumer:
                  hold_ms: int = 15000, parallel_per_queue: int = 1,
                  corrupt_recheck_max: float = 10.0, nameserver: None = None,
                  access_key: str | None = None, secret_key: str | None = None, tls_ca: str | None = None,
-                 tls_cert: str | None = None, tls_key: str | None = None) -> None:
-        self._credentials = {"access_key": access_key, "secret_key": secret_key,
-                             "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
+                 tls_cert: str | None = None, tls_key: str | None = None,
+                 curve_server_key: str | None = None, curve_public_key: str | None = None,
+                 curve_secret_key: str | None = None) -> None:
+        self._credentials = credentials(access_key=access_key, secret_key=secret_key, tls_ca=tls_ca,
+                                        tls_cert=tls_cert, tls_key=tls_key, curve_server_key=curve_server_key,
+                                        curve_public_key=curve_public_key, curve_secret_key=curve_secret_key)
         if mode not in ("clustering", "broadcasting"):
             raise ConfigError(f"mode must be 'clustering' or 'broadcasting', not {mode!r}")
         if not (consume_from in ("first", "last") or isinstance(consume_from, int)):

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from equeue_core.client.address import Address
 from equeue_core.client.connection import BrokerConnection
+from equeue_core.client.credentials import ClientLink, client_link
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.codes import Code
 from equeue_core.contracts import TransportSettings
@@ -31,11 +32,14 @@ DEFAULT_TIMEOUT = 5.0
 
 class AsyncNameServerClient:
     def __init__(self, nameserver: str | Sequence[str], timeout: float = DEFAULT_TIMEOUT,
-                 settings: TransportSettings | None = None) -> None:
+                 settings: TransportSettings | None = None, *, credentials: Mapping[str, str | None] | None = None,
+                 link: ClientLink | None = None) -> None:
+        """`credentials` (client/credentials.py) or a ready `link` (a broker's own, from its config)."""
         text = nameserver if isinstance(nameserver, str) else ",".join(nameserver)
         self.addresses: list[Address] = parse_nameservers(text)
         self.timeout = timeout
-        self.settings = settings or TransportSettings(connect_timeout=min(5.0, timeout))
+        self.link = link or client_link(credentials, settings or TransportSettings(connect_timeout=min(5.0, timeout)))
+        self.settings = self.link.settings
         self._conns: dict[Address, BrokerConnection] = {}
         self._current = random.randrange(len(self.addresses))
         self._connecting = asyncio.Lock()
@@ -51,7 +55,7 @@ class AsyncNameServerClient:
             async with self._connecting:  # concurrent callers share one connection per name server
                 conn = self._conns.get(address)
                 if conn is None:
-                    conn = await BrokerConnection(address, self.settings).connect()
+                    conn = await BrokerConnection(address, link=self.link).connect()
                     self._conns[address] = conn
         return conn
 
@@ -64,6 +68,7 @@ class AsyncNameServerClient:
         """Ask the current name server; on a transport failure (or, with retry_on_not_found, a
         TopicNotFoundError) ask the next, each at most once. The one that answers becomes current."""
         failures: list[str] = []
+        kinds: set[type[TransportError]] = set()
         not_found: TopicNotFoundError | None = None
         n = len(self.addresses)
         for i in range(n):
@@ -73,6 +78,7 @@ class AsyncNameServerClient:
                 result = await self._ask(address, code, header or {})
             except TransportError as e:
                 failures.append(f"{address}: {e}")
+                kinds.add(type(e))
                 conn = self._conns.pop(address, None)
                 if conn is not None:
                     await conn.close()
@@ -86,7 +92,9 @@ class AsyncNameServerClient:
             return result
         if not_found is not None:
             raise not_found
-        raise TransportError("no name server reachable: " + "; ".join(failures))
+        # every name server refused the same way (tls_required, handshake_refused): keep that type
+        kind = kinds.pop() if len(kinds) == 1 else TransportError
+        raise kind("no name server reachable: " + "; ".join(failures))
 
     async def get_route(self, topic: str) -> TopicRoute:
         """Every live broker that has `topic`, with its queue count and permission.
@@ -116,9 +124,10 @@ class AsyncNameServerClient:
 class NameServerClient:
     """Blocking NameServerClient; every method mirrors AsyncNameServerClient."""
 
-    def __init__(self, nameserver: str | Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, nameserver: str | Sequence[str], timeout: float = DEFAULT_TIMEOUT,
+                 **credentials: str | None) -> None:
         background_loop()
-        self._async = AsyncNameServerClient(nameserver, timeout)
+        self._async = AsyncNameServerClient(nameserver, timeout, credentials=credentials)
 
     @property
     def addresses(self) -> list[Address]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from equeue_core import record
 from equeue_core.client.connection import DEFAULT_TIMEOUT, BrokerConnection
+from equeue_core.client.credentials import credentials
 from equeue_core.client.fault import LatencyFaultTolerance
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import Message, SendResult
@@ -114,11 +115,14 @@ class AsyncProducer:
                  route_refresh_s: float = DEFAULT_ROUTE_REFRESH_S, fault_base_s: float = 1.0,
                  fault_max_s: float = 60.0, access_key: str | None = None,
                  secret_key: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
-                 tls_key: str | None = None) -> None:
+                 tls_key: str | None = None,
+                 curve_server_key: str | None = None, curve_public_key: str | None = None,
+                 curve_secret_key: str | None = None) -> None:
         self.broker = broker
         self.nameserver = nameserver
-        self._credentials = {"access_key": access_key, "secret_key": secret_key,
-                             "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
+        self._credentials = credentials(access_key=access_key, secret_key=secret_key, tls_ca=tls_ca,
+                                        tls_cert=tls_cert, tls_key=tls_key, curve_server_key=curve_server_key,
+                                        curve_public_key=curve_public_key, curve_secret_key=curve_secret_key)
         # with nameserver=: routes from the name servers, one connection per broker, and the
         # brokers that failed avoided for a while (client/routing.py, client/fault.py)
         self._router = (ClusterRouter(nameserver, route_refresh_s, min(5.0, send_timeout),
@@ -266,7 +270,8 @@ class AsyncProducer:
             except TransportError as e:
                 attempt += 1
                 if attempt > self.retries:
-                    raise TransportError(f"send to {topic}/{queue_id} failed after {attempt} tries: {e}") from e
+                    # the same type (handshake_refused, timeout, ...), so the cause is not lost
+                    raise type(e)(f"send to {topic}/{queue_id} failed after {attempt} tries: {e}", **e.details) from e
                 await asyncio.sleep(0.1 * attempt)
         h = resp.header
         return _BatchAnswer(topic, queue_id, h["id_prefix"], h["first_offset"], h["positions"])

@@ -48,11 +48,11 @@ class ClusterRouter:
     def __init__(self, nameserver: str, route_refresh_s: float = DEFAULT_ROUTE_REFRESH_S,
                  timeout: float = 5.0, settings: TransportSettings | None = None,
                  credentials: dict[str, str | None] | None = None) -> None:
-        """`credentials`: access_key/secret_key for the brokers (signed requests, docs/security.md)."""
+        """`credentials`: for the name servers and the brokers alike (client/credentials.py)."""
         # imported here: equeue_core.nameserver (loaded by config) imports equeue_core.client
         from equeue_core.client.nameserver import AsyncNameServerClient
 
-        self.nameservers = AsyncNameServerClient(nameserver, timeout)
+        self.nameservers = AsyncNameServerClient(nameserver, timeout, credentials=credentials)
         self.route_refresh_s = route_refresh_s
         self.settings = settings or TransportSettings(connect_timeout=min(5.0, timeout))
         self.credentials = dict(credentials or {})

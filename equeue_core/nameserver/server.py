@@ -13,17 +13,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from equeue_core.codes import Code
 from equeue_core.config import Config
-from equeue_core.contracts import ServerConnection, TransportSettings
+from equeue_core.contracts import ServerConnection
 from equeue_core.dispatch import Handler, dispatch, header_int, header_str
 from equeue_core.errors import ConfigError, ProtocolError
 from equeue_core.frame import Frame
 from equeue_core.nameserver.registry import RouteRegistry
 from equeue_core.nameserver.routes import check_broker_name, topics_from_wire
 from equeue_core.plugins import PluginManager, get_plugin_manager
+from equeue_core.serving import access_gate, server_settings
+
+if TYPE_CHECKING:
+    from equeue_core.broker.access_gate import AccessGate
 
 log = logging.getLogger("equeue.nameserver")
 
@@ -40,6 +44,7 @@ class NameServer:
         self.registry = RouteRegistry(expiry_s=config.broker_expiry_s)
         self.address: tuple[str, int] = (config.host, config.port)
         self._server = None
+        self.access: AccessGate | None = None
         self._sweeper: asyncio.Task | None = None
         self.metrics_endpoint: Any = None
         self.metrics_address: tuple[str, int] | None = None
@@ -54,9 +59,8 @@ class NameServer:
     async def start(self) -> None:
         cfg = self.config
         transport = self.plugins.transport(cfg.transport)
-        settings = TransportSettings(max_frame_size=cfg.max_frame_size,
-                                     frame_read_timeout=cfg.frame_read_timeout_s)
-        self._server = await transport.serve(cfg.host, cfg.port, self, settings)
+        self.access = access_gate(cfg, self.plugins)  # checks requests as the broker does (docs/security.md)
+        self._server = await transport.serve(cfg.host, cfg.port, self, server_settings(cfg))
         self.address = tuple(self._server.address)[:2]  # type: ignore[assignment]
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
         if cfg.nameserver_metrics_port:
@@ -87,6 +91,8 @@ class NameServer:
             await asyncio.gather(self._sweeper, return_exceptions=True)
         if self._server is not None:
             await self._server.close()
+        if self.access is not None:
+            self.access.close()
 
     async def _sweep_forever(self) -> None:
         interval = sweep_interval(self.registry.expiry_s)
@@ -97,7 +103,7 @@ class NameServer:
     # ------------------------------------------------------------ transport callbacks
 
     async def handle(self, conn: ServerConnection, frame: Frame) -> Frame | None:
-        return await dispatch(self._handlers, conn, frame, log)
+        return await dispatch(self._handlers, conn, frame, log, self.access)
 
     def connection_lost(self, conn: ServerConnection) -> None:
         self.registry.connection_lost(conn.id)

@@ -9,6 +9,9 @@ Guarantees (the same as the TCP client's):
 - ZeroMQ reconnects by itself; with ZMQ_IMMEDIATE nothing is queued for a dead connection, so a
   request made while disconnected waits (within its timeout) for the reconnect and then goes out:
   the next request after a server restart just works.
+- A refused handshake (CURVE: a key the server does not allow, a wrong server key, CURVE on one
+  side only) fails `connect`, and every request waiting for a reconnect, at once with
+  HandshakeRefusedError naming the cause, instead of letting them wait out their timeout.
 - `close()` closes the sockets with LINGER 0 and terminates the connection's own context.
 """
 
@@ -21,6 +24,7 @@ import os
 from collections.abc import Callable
 
 import zmq
+from equeue_plugins.transport_zmq import curve
 from equeue_plugins.transport_zmq.parts import (
     FrameBatcher,
     parse_message,
@@ -35,6 +39,7 @@ from equeue_core.errors import (
     ClientClosedError,
     ConnectionLostError,
     FrameTooLargeError,
+    HandshakeRefusedError,
     ProtocolError,
     RequestTimeoutError,
     TransportError,
@@ -43,7 +48,7 @@ from equeue_core.push import deliver_push
 
 log = logging.getLogger(__name__)
 
-MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | curve.HANDSHAKE_FAILED
 
 
 class ZmqClientConnection:
@@ -68,6 +73,9 @@ class ZmqClientConnection:
         self._batcher: FrameBatcher | None = None
         self._push_tasks: set[asyncio.Task] = set()
         self._connected = asyncio.Event()
+        self._refused = asyncio.Event()  # the latest handshake was refused (cleared by a good one)
+        self._refusal: HandshakeRefusedError | None = None
+        self._client_key: str | None = None  # our CURVE public key when CURVE is on
         self._closed = False
 
     @property
@@ -91,12 +99,17 @@ class ZmqClientConnection:
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         sock.setsockopt(zmq.CONNECT_TIMEOUT, max(1, int(self.settings.connect_timeout * 1000)))
         self._sock = sock
+        try:
+            self._client_key = curve.configure_client(sock, self.settings)
+        except BaseException:
+            await self._shutdown()
+            raise
         self._monitor = sock.get_monitor_socket(MONITOR_EVENTS)
         self._monitor_pump = SocketPump(self._monitor, self._on_monitor_event)
         try:
             sock.connect(f"tcp://{self.host}:{self.port}")
             async with asyncio.timeout(self.settings.connect_timeout):
-                await self._connected.wait()
+                await self._wait_ready()
         except BaseException as e:
             await self._shutdown()
             if isinstance(e, (TimeoutError, zmq.ZMQError)):
@@ -126,11 +139,12 @@ class ZmqClientConnection:
                 # Wait for ZeroMQ's own reconnect (within this request's timeout). Sending before
                 # the new handshake could put the frame on the old, dying pipe, where it would be
                 # lost without a trace: the socket learns of the old pipe's end after the monitor.
-                waiter = asyncio.ensure_future(self._connected.wait())
+                waiter = asyncio.ensure_future(self._wait_ready())
                 await asyncio.wait((waiter, fut), return_when=asyncio.FIRST_COMPLETED)
                 if not waiter.done():
                     waiter.cancel()
                     return await fut  # timed out or the connection was closed meanwhile
+                waiter.result()  # HandshakeRefusedError: the reconnect was refused
                 if self._batcher is None:
                     raise ClientClosedError(f"connection to {self.address} is closed")
                 batcher = self._batcher
@@ -152,13 +166,28 @@ class ZmqClientConnection:
         if not self._connected.is_set():  # wait for the reconnect (see request)
             try:
                 async with asyncio.timeout(self.settings.connect_timeout):
-                    await self._connected.wait()
+                    await self._wait_ready()
             except TimeoutError:
                 raise ConnectionLostError(f"not connected to {self.address}") from None
             if self._batcher is None:
                 raise ClientClosedError(f"connection to {self.address} is closed")
             batcher = self._batcher
         batcher.write(None, buffers)
+
+    async def _wait_ready(self) -> None:
+        """Until a handshake succeeds; HandshakeRefusedError as soon as one is refused."""
+        if self._connected.is_set():
+            return
+        if not self._refused.is_set():
+            waiters = [asyncio.ensure_future(self._connected.wait()), asyncio.ensure_future(self._refused.wait())]
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+        refusal = self._refusal
+        if not self._connected.is_set() and refusal is not None:
+            raise HandshakeRefusedError(str(refusal), **refusal.details)  # a fresh one per caller
 
     # ------------------------------------------------------------ receiving
 
@@ -196,12 +225,20 @@ class ZmqClientConnection:
             fut.set_result(frame)
 
     def _on_monitor_event(self, msg: list[zmq.Frame]) -> None:
-        kind = parse_monitor_message([p.bytes for p in msg])["event"]
+        event = parse_monitor_message([p.bytes for p in msg])
+        kind = event["event"]
         if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._refusal = None
+            self._refused.clear()
             self._connected.set()
+        elif kind & curve.HANDSHAKE_FAILED:
+            self._refusal = curve.describe_refusal(kind, int(event["value"]), self.address, self._client_key)
+            self._refused.set()
         elif kind == zmq.EVENT_DISCONNECTED:
             self._connected.clear()
-            self._fail_pending(ConnectionLostError(f"connection to {self.address} lost"))
+            refusal = self._refusal  # set: this connection never got past its handshake
+            self._fail_pending(ConnectionLostError(f"connection to {self.address} lost") if refusal is None
+                               else HandshakeRefusedError(str(refusal), **refusal.details))
 
     def _fail_pending(self, err: Exception) -> None:
         pending, self._pending = self._pending, {}

@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Mapping
 
 import zmq
+from equeue_plugins.transport_zmq import curve
 from equeue_plugins.transport_zmq.parts import (
     FLUSH_BYTES,
     FrameBatcher,
@@ -131,6 +132,8 @@ class ZmqServer:
         self._blocked: set[ZmqServerConnection] = set()  # peers with replies ZeroMQ did not take
         self._refusing: set[bytes] = set()
         self._idle_task: asyncio.Task | None = None
+        self.zap: curve.ZapHandler | None = None  # with curve_allowed_keys: lets in listed client keys
+        self.handshake_failures = curve.RateLimitedLog()  # CURVE handshakes that failed (logged, counted)
 
     @property
     def connections(self) -> Mapping[int, ZmqServerConnection]:
@@ -143,8 +146,14 @@ class ZmqServer:
         sock = self._ctx.socket(zmq.ROUTER)
         try:
             set_common_options(sock, self.settings.socket_buffer, *self._hb)
+            curve.configure_server(sock, self.settings)  # with curve_secret_key: CURVE only
+            if self.settings.curve_secret_key and self.settings.curve_allowed_keys:
+                self.zap = curve.ZapHandler(self._ctx, self.settings.curve_allowed_keys)
             # Hard bound on any one message part; the per-frame check below gives the clear error.
-            sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_frame_size)
+            # (Under CURVE ZeroMQ checks the encrypted part, a few dozen bytes longer: a margin
+            # keeps "just over the limit" a clear error frame rather than a dropped connection.)
+            sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_frame_size
+                            + (curve.MESSAGE_OVERHEAD if self.settings.curve_secret_key else 0))
             # A peer that connects but does not finish the ZMTP handshake in time is dropped (the
             # nearest ZeroMQ has to the TCP transport's slow-loris timeout).
             sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(self.settings.frame_read_timeout * 1000)))
@@ -156,7 +165,8 @@ class ZmqServer:
             # aborts the process (assert !_io_error) when a peer whose input was stopped at the
             # HWM hangs up and is then sent a reply.)
             sock.setsockopt(zmq.SNDHWM, max(2, self.settings.max_connection_bytes // (2 * FLUSH_BYTES)))
-            self._monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+            self._monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+                                                    | (curve.HANDSHAKE_FAILED if self.settings.curve_secret_key else 0))
             sock.bind(f"tcp://{host}:{port if port else '*'}")
         except BaseException:
             self._close_sockets(sock)
@@ -302,7 +312,9 @@ class ZmqServer:
 
     def _on_monitor_event(self, msg: list[zmq.Frame]) -> None:
         event = parse_monitor_message([p.bytes for p in msg])
-        if event["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_ACCEPTED):
+        if event["event"] & curve.HANDSHAKE_FAILED:
+            curve.note_server_handshake_failure(self.handshake_failures, event["event"], int(event["value"]))
+        elif event["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_ACCEPTED):
             # DISCONNECTED: that peer is gone. ACCEPTED on an fd we still map: its previous owner
             # closed without a DISCONNECTED (the fd could not be reused otherwise).
             conn = self._by_fd.get(int(event["value"]))
@@ -444,6 +456,9 @@ class ZmqServer:
             self._sock = None
 
     def _close_sockets(self, sock: zmq.Socket) -> None:
+        if self.zap is not None:
+            self.zap.close()
+            self.zap = None
         if self._monitor is not None:
             try:
                 sock.disable_monitor()

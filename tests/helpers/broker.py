@@ -15,6 +15,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+ZMQ_CURVE = "zmq+curve"  # a `transport` meaning zmq serving CURVE with the session keys (tests/helpers/curve.py)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -46,12 +48,12 @@ class BrokerProcess:
 
     @property
     def address(self) -> str:
-        return f"{self.transport}://127.0.0.1:{self.port}"
+        return f"{'zmq' if self.transport == ZMQ_CURVE else self.transport}://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
         cmd = [*self.prefix, sys.executable, "-m", "equeue_core.cli.main", "broker", "--data-dir", str(self.data_dir),
                "--host", "127.0.0.1", "--port", str(self.port), "--store", self.store,
-               "--transport", self.transport, "--flush", self.flush]
+               "--transport", "zmq" if self.transport == ZMQ_CURVE else self.transport, "--flush", self.flush]
         if self.config:
             cmd += ["--config", self.config]
         if self.metrics_port is not None:
@@ -63,6 +65,12 @@ class BrokerProcess:
 
             certs = session_certs()
             cmd += ["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key)]
+        if self.transport == ZMQ_CURVE and "--curve-secret-key" not in self.extra_args:
+            # CURVE with the session keys (clients find theirs through the curve_client_keys
+            # fixture in tests/conftest.py)
+            from tests.helpers.curve import session_curve_keys
+
+            cmd += session_curve_keys().broker_args()
         return cmd + self.extra_args
 
     def start(self, timeout: float = 30.0) -> BrokerProcess:

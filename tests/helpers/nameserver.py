@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -21,17 +21,19 @@ T = TypeVar("T")
 class NameServerProcess(BrokerProcess):
     def __init__(self, log_dir: Path, port: int | None = None, transport: str = "tcp",
                  expiry_s: float | None = None, env: dict[str, str] | None = None,
-                 metrics_port: int = 0) -> None:
+                 metrics_port: int = 0, extra_args: Sequence[str] = ()) -> None:
         env = dict(env or {})
         if expiry_s is not None:
             env["EQUEUE_BROKER_EXPIRY_S"] = str(expiry_s)
-        super().__init__(Path(log_dir) / "nameserver", transport=transport, port=port, env=env)
+        super().__init__(Path(log_dir) / "nameserver", transport=transport, port=port, env=env,
+                         extra_args=extra_args)  # e.g. ["--curve-secret-key", "ns.key_secret"]
         self.log_path = Path(log_dir) / f"nameserver-{self.port}.log"
         self.metrics_port = metrics_port  # 0: many name servers run at once in the tests
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "equeue_core.cli.main", "nameserver", "--host", "127.0.0.1",
-                "--port", str(self.port), "--transport", self.transport, "--metrics-port", str(self.metrics_port)]
+                "--port", str(self.port), "--transport", self.transport, "--metrics-port", str(self.metrics_port),
+                *self.extra_args]
 
 
 def cluster_args(nameservers: list[NameServerProcess], name: str, cluster: str = "c1") -> list[str]:

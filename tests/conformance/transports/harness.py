@@ -38,11 +38,17 @@ LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
 }
 
 
+ZMQ_CURVE = "zmq+curve"  # not a plugin: the zmq transport with CURVE keys in every setting
+
+
 def transport_names() -> list[str]:
-    return get_plugin_manager().names("equeue_transports")
+    names = get_plugin_manager().names("equeue_transports")
+    return names + [ZMQ_CURVE] if "zmq" in names else names
 
 
 def transport(name: str) -> Any:
+    if name == ZMQ_CURVE:
+        return _WithCurve(get_plugin_manager().transport("zmq"))
     t = get_plugin_manager().transport(name)
     return _WithTls(t) if name == "tls" else t
 
@@ -62,6 +68,41 @@ class _WithTls:
 
     async def connect(self, host: str, port: int, s: TransportSettings, on_push: Any = None) -> Any:
         return await self._inner.connect(host, port, dataclasses.replace(s, tls_ca=str(_certs().ca)), on_push)
+
+
+class _WithCurve:
+    """The `zmq` transport with a CURVE server key, an allowed-keys file (so the ZAP handler answers
+    every handshake) and an allowed client key pair in every server's and client's settings."""
+
+    name = ZMQ_CURVE
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    async def serve(self, host: str, port: int, handler: Any, s: TransportSettings) -> Any:
+        k = _curve_keys()
+        return await self._inner.serve(host, port, handler, dataclasses.replace(
+            s, curve_public_key=k["server_public"], curve_secret_key=k["server_secret"],
+            curve_allowed_keys=k["allowed"]))
+
+    async def connect(self, host: str, port: int, s: TransportSettings, on_push: Any = None) -> Any:
+        k = _curve_keys()
+        return await self._inner.connect(host, port, dataclasses.replace(
+            s, curve_server_key=k["server_public"], curve_public_key=k["client_public"],
+            curve_secret_key=k["client_secret"]), on_push)
+
+
+@functools.cache
+def _curve_keys() -> dict[str, str]:
+    import zmq
+
+    server_public, server_secret = (k.decode() for k in zmq.curve_keypair())
+    client_public, client_secret = (k.decode() for k in zmq.curve_keypair())
+    d = Path(tempfile.mkdtemp(prefix="equeue-conformance-curve-"))
+    atexit.register(shutil.rmtree, d, True)
+    (d / "allowed.txt").write_text(f"# the kit's one client\n{client_public}\n")
+    return {"server_public": server_public, "server_secret": server_secret, "client_public": client_public,
+            "client_secret": client_secret, "allowed": str(d / "allowed.txt")}
 
 
 @functools.cache
