@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bench.peers.common import emit, run_latency, run_role
 
-DRIVERS = ["equeue", "redis_streams", "nats_jetstream"]
+DRIVERS = ["equeue", "redis_streams", "nats_jetstream", "rabbitmq"]
 REFERENCE = "equeue"
 
 
@@ -61,8 +61,12 @@ def _key(row: dict) -> tuple:
     return (row["workload"], row["mode"], row["size"], row.get("flush"))
 
 
-def ratios(rows: list[dict]) -> tuple[list[str], list[tuple[str, dict[str, float | None]]]]:
-    """EQueue / peer for throughput, peer / EQueue for latency, per peer system."""
+Table = list[tuple[str, float | None, dict[str, float | None]]]
+
+
+def ratios(rows: list[dict]) -> tuple[list[str], Table]:
+    """Per label: EQueue's own figure, and per peer system EQueue / peer for throughput, peer /
+    EQueue for latency (so >1 means EQueue is ahead); None where either side has no figure."""
     ours = {_key(r): r for r in rows if r.get("system") == REFERENCE and "error" not in r}
     peers: list[str] = []
     theirs: dict[str, dict[tuple, dict]] = {}
@@ -86,21 +90,22 @@ def ratios(rows: list[dict]) -> tuple[list[str], list[tuple[str, dict[str, float
                 cells[peer] = None
             else:
                 cells[peer] = round(b / a if lower_better else a / b, 2)
-        table.append((label, cells))
+        table.append((label, o.get(stat) if o else None, cells))
     return peers, table
 
 
-def print_table(peers: list[str], table: list[tuple[str, dict[str, float | None]]], rows: list[dict]) -> None:
+def print_table(peers: list[str], table: Table, rows: list[dict]) -> None:
     skipped = {r["system"]: r["skipped"] for r in rows if "skipped" in r}
     print()
-    print("| EQueue vs peer (>1: EQueue ahead) | " + " | ".join(peers) + " |")
-    print("|---|" + "---:|" * len(peers))
-    for label, cells in table:
+    print("| EQueue vs peer (>1: EQueue ahead) | EQueue | " + " | ".join(peers) + " |")
+    print("|---|---:|" + "---:|" * len(peers))
+    for label, ours, cells in table:
         vals = []
         for p in peers:
             v = cells.get(p)
             vals.append("skipped" if p in skipped else ("n/a" if v is None else f"{v:.2f}"))
-        print(f"| {label} | " + " | ".join(vals) + " |")
+        mine = "n/a" if ours is None else (f"{ours:.2f} ms" if "latency" in label else f"{ours / 1000:.1f}k/s")
+        print(f"| {label} | {mine} | " + " | ".join(vals) + " |")
     for system, reason in skipped.items():
         print(f"skipped {system}: {reason}")
     sys.stdout.flush()
@@ -188,8 +193,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     peers, table = ratios(rows)
-    for label, cells in table:
-        emit({"bench": "peers-ratio", "workload": label, **cells})
+    for label, ours, cells in table:
+        emit({"bench": "peers-ratio", "workload": label, "equeue": ours, **cells})
     print_table(peers, table, rows)
     print(f"# peers benchmark took {time.monotonic() - started:.0f} s", file=sys.stderr)
     return rows
