@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -218,7 +219,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through every server's finally: nothing is left running
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     rows = run(parse_args(argv))
     return 1 if any("error" in r for r in rows) else 0
 
