@@ -165,6 +165,16 @@ def paced(count: int, rate: float, spin: bool, send: Callable[[int], object]) ->
     return time.perf_counter() - start
 
 
+def chunks(count: int, budget: float, chunk: int = 1000):
+    """Yield the sizes of successive chunks of `count` sends, stopping early once `budget`
+    seconds have passed (so a slow peer bounds the run's time; the row gives the count done)."""
+    end = time.perf_counter() + budget
+    for i in range(0, count, chunk):
+        if i and time.perf_counter() > end:
+            return
+        yield min(chunk, count - i)
+
+
 def stamp(size: int) -> bytes:
     return time.time_ns().to_bytes(STAMP_BYTES, "little") + b"\0" * (size - STAMP_BYTES)
 

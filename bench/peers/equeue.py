@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.peers.common import latency_ms, paced, rate_row, stamp, summary, warmup_body
+from bench.peers.common import chunks, latency_ms, paced, rate_row, stamp, summary, warmup_body
 
 SYSTEMS = ["equeue"]
 PRODUCE_MODES = ["batch", "async"]
@@ -43,21 +43,24 @@ def server(tmp: Path, flush: str = "async") -> Iterator[dict]:
         b.stop()
 
 
-def produce(info: dict, system: str, name: str, size: int, count: int, mode: str) -> dict:
+def produce(info: dict, system: str, name: str, size: int, count: int, mode: str, budget: float = 1e9) -> dict:
     from equeue_core.client import Message, Producer
 
     body = os.urandom(size)
     with Producer(info["address"]) as p:
         p.send(Message(name, body))  # route lookup and connection warm-up, not timed
         start = time.perf_counter()
+        done = 0
         if mode == "batch":
             msgs = [Message(name, body) for _ in range(1000)]
-            for i in range(0, count, 1000):
-                p.send_batch(msgs[: min(1000, count - i)])
+            for n in chunks(count, budget):
+                p.send_batch(msgs[:n])
+                done += n
         else:
             window = []
-            for _ in range(count):
-                window.append(p.send_async(Message(name, body)))
+            for n in chunks(count, budget):
+                window.extend(p.send_async(Message(name, body)) for _ in range(n))
+                done += n
                 if len(window) >= 20000:
                     for f in window:
                         f.result()
@@ -65,7 +68,7 @@ def produce(info: dict, system: str, name: str, size: int, count: int, mode: str
             for f in window:
                 f.result()
         elapsed = time.perf_counter() - start
-    return rate_row(count, elapsed)
+    return rate_row(done, elapsed)
 
 
 def consume(info: dict, system: str, name: str, count: int) -> dict:
@@ -95,17 +98,20 @@ def consume(info: dict, system: str, name: str, count: int) -> dict:
     return rate_row(seen, elapsed)
 
 
-def single(info: dict, system: str, name: str, size: int, count: int) -> dict:
+def single(info: dict, system: str, name: str, size: int, count: int, budget: float = 1e9) -> dict:
     from equeue_core.client import Message, Producer
 
     body = os.urandom(size)
     with Producer(info["address"]) as p:
         p.send(Message(name, body))
         start = time.perf_counter()
-        for _ in range(count):
-            p.send(Message(name, body))
+        done = 0
+        for n in chunks(count, budget, 50):
+            for _ in range(n):
+                p.send(Message(name, body))
+            done += n
         elapsed = time.perf_counter() - start
-    return rate_row(count, elapsed)
+    return rate_row(done, elapsed)
 
 
 def latency_receiver(info: dict, system: str, name: str, size: int, count: int, rate: int, seconds: float,

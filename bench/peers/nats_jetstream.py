@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bench.peers.common import (
     ServerProcess,
+    chunks,
     free_port,
     latency_ms,
     missing_binary,
@@ -61,16 +62,18 @@ async def _connect(info: dict, name: str):
     return nc, js
 
 
-def produce(info: dict, system: str, name: str, size: int, count: int, mode: str) -> dict:
+def produce(info: dict, system: str, name: str, size: int, count: int, mode: str, budget: float = 1e9) -> dict:
     async def go() -> dict:
         nc, js = await _connect(info, name)
         body = os.urandom(size)
         start = time.perf_counter()
-        futures = [await js.publish_async(name, body) for _ in range(count)]
+        futures = []
+        for n in chunks(count, budget):
+            futures.extend([await js.publish_async(name, body) for _ in range(n)])
         await asyncio.gather(*futures)
         elapsed = time.perf_counter() - start
         await nc.close()
-        return rate_row(count, elapsed)
+        return rate_row(len(futures), elapsed)
 
     return asyncio.run(go())
 
@@ -94,17 +97,20 @@ def consume(info: dict, system: str, name: str, count: int) -> dict:
     return asyncio.run(go())
 
 
-def single(info: dict, system: str, name: str, size: int, count: int) -> dict:
+def single(info: dict, system: str, name: str, size: int, count: int, budget: float = 1e9) -> dict:
     async def go() -> dict:
         nc, js = await _connect(info, name)
         body = os.urandom(size)
         await js.publish(name, body)
         start = time.perf_counter()
-        for _ in range(count):
-            await js.publish(name, body)
+        done = 0
+        for n in chunks(count, budget, 50):
+            for _ in range(n):
+                await js.publish(name, body)
+            done += n
         elapsed = time.perf_counter() - start
         await nc.close()
-        return rate_row(count, elapsed)
+        return rate_row(done, elapsed)
 
     return asyncio.run(go())
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from bench.peers.common import (
     ServerProcess,
+    chunks,
     free_port,
     latency_ms,
     missing_binary,
@@ -105,18 +106,19 @@ def _message(body: bytes):
     return aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
 
 
-def produce(info: dict, system: str, name: str, size: int, count: int, mode: str) -> dict:
+def produce(info: dict, system: str, name: str, size: int, count: int, mode: str, budget: float = 1e9) -> dict:
     async def go() -> dict:
         conn, channel, queue = await _queue(info, system, name)
         body = os.urandom(size)
         ex = channel.default_exchange
         start = time.perf_counter()
-        for i in range(0, count, 1000):
-            await asyncio.gather(*(ex.publish(_message(body), routing_key=queue.name)
-                                   for _ in range(min(1000, count - i))))
+        done = 0
+        for n in chunks(count, budget):
+            await asyncio.gather(*(ex.publish(_message(body), routing_key=queue.name) for _ in range(n)))
+            done += n
         elapsed = time.perf_counter() - start
         await conn.close()
-        return rate_row(count, elapsed)
+        return rate_row(done, elapsed)
 
     return asyncio.run(go())
 
@@ -165,17 +167,20 @@ def consume(info: dict, system: str, name: str, count: int) -> dict:
     return rate_row(got, elapsed)
 
 
-def single(info: dict, system: str, name: str, size: int, count: int) -> dict:
+def single(info: dict, system: str, name: str, size: int, count: int, budget: float = 1e9) -> dict:
     conn, ch, queue = _blocking(info, system, name, confirms=True)
     body = os.urandom(size)
     props = _persistent()
     ch.basic_publish("", queue, body, props)
     start = time.perf_counter()
-    for _ in range(count):
-        ch.basic_publish("", queue, body, props)  # waits for the confirm
+    done = 0
+    for n in chunks(count, budget, 50):
+        for _ in range(n):
+            ch.basic_publish("", queue, body, props)  # waits for the confirm
+        done += n
     elapsed = time.perf_counter() - start
     conn.close()
-    return rate_row(count, elapsed)
+    return rate_row(done, elapsed)
 
 
 def latency_receiver(info: dict, system: str, name: str, size: int, count: int, rate: int, seconds: float,

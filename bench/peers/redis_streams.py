@@ -16,6 +16,7 @@ from pathlib import Path
 
 from bench.peers.common import (
     ServerProcess,
+    chunks,
     free_port,
     latency_ms,
     missing_binary,
@@ -57,18 +58,19 @@ def _client(info: dict):
     return redis.Redis(host="127.0.0.1", port=info["port"])
 
 
-def produce(info: dict, system: str, name: str, size: int, count: int, mode: str) -> dict:
+def produce(info: dict, system: str, name: str, size: int, count: int, mode: str, budget: float = 1e9) -> dict:
     r = _client(info)
     body = os.urandom(size)
     r.ping()
     start = time.perf_counter()
     pipe = r.pipeline(transaction=False)
-    for i in range(count):
-        pipe.xadd(name, {"b": body})
-        if i % 1000 == 999:
-            pipe.execute()
-    pipe.execute()
-    return rate_row(count, time.perf_counter() - start)
+    done = 0
+    for n in chunks(count, budget):
+        for _ in range(n):
+            pipe.xadd(name, {"b": body})
+        pipe.execute()
+        done += n
+    return rate_row(done, time.perf_counter() - start)
 
 
 def consume(info: dict, system: str, name: str, count: int) -> dict:
@@ -86,14 +88,17 @@ def consume(info: dict, system: str, name: str, count: int) -> dict:
     return rate_row(got, time.perf_counter() - start)
 
 
-def single(info: dict, system: str, name: str, size: int, count: int) -> dict:
+def single(info: dict, system: str, name: str, size: int, count: int, budget: float = 1e9) -> dict:
     r = _client(info)
     body = os.urandom(size)
     r.xadd(name, {"b": body})
     start = time.perf_counter()
-    for _ in range(count):
-        r.xadd(name, {"b": body})
-    return rate_row(count, time.perf_counter() - start)
+    done = 0
+    for n in chunks(count, budget, 50):
+        for _ in range(n):
+            r.xadd(name, {"b": body})
+        done += n
+    return rate_row(done, time.perf_counter() - start)
 
 
 def latency_receiver(info: dict, system: str, name: str, size: int, count: int, rate: int, seconds: float,

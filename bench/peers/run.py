@@ -58,11 +58,17 @@ def _ratio_specs() -> list[tuple[str, tuple, tuple, bool]]:
     return specs
 
 
+def behind_pace(row: dict | None) -> bool:
+    """A latency row whose sender could not keep the asked rate (a starved or slow client): its
+    latencies include the queueing that caused, so the table marks it."""
+    return bool(row and row.get("achieved_rate") and row["achieved_rate"] < 0.9 * row["rate"])
+
+
 def _key(row: dict) -> tuple:
     return (row["workload"], row["mode"], row["size"], row.get("flush"))
 
 
-Table = list[tuple[str, float | None, dict[str, float | None]]]
+Table = list[tuple[str, float | None, dict[str, float | None], dict[str, bool]]]
 
 
 def ratios(rows: list[dict]) -> tuple[list[str], Table]:
@@ -83,15 +89,17 @@ def ratios(rows: list[dict]) -> tuple[list[str], Table]:
         stat = our_key[4] if len(our_key) > 4 else "msgs_per_s"
         o = ours.get(our_key[:4])
         cells: dict[str, float | None] = {}
+        flags = {REFERENCE: behind_pace(o)}
         for peer in peers:
             t = theirs.get(peer, {}).get(peer_key[:4])
+            flags[peer] = behind_pace(t)
             a = o.get(stat) if o else None
             b = t.get(stat) if t else None
             if not a or not b:
                 cells[peer] = None
             else:
                 cells[peer] = round(b / a if lower_better else a / b, 2)
-        table.append((label, o.get(stat) if o else None, cells))
+        table.append((label, o.get(stat) if o else None, cells, flags))
     return peers, table
 
 
@@ -100,13 +108,16 @@ def print_table(peers: list[str], table: Table, rows: list[dict]) -> None:
     print()
     print("| EQueue vs peer (>1: EQueue ahead) | EQueue | " + " | ".join(peers) + " |")
     print("|---|---:|" + "---:|" * len(peers))
-    for label, ours, cells in table:
+    for label, ours, cells, flags in table:
         vals = []
         for p in peers:
             v = cells.get(p)
-            vals.append("skipped" if p in skipped else ("n/a" if v is None else f"{v:.2f}"))
+            vals.append("skipped" if p in skipped else ("n/a" if v is None else f"{v:.2f}" + "*" * flags[p]))
         mine = "n/a" if ours is None else (f"{ours:.2f} ms" if "latency" in label else f"{ours / 1000:.1f}k/s")
+        mine += "*" * flags[REFERENCE]
         print(f"| {label} | {mine} | " + " | ".join(vals) + " |")
+    if any(any(flags.values()) for *_, flags in table):
+        print("* that system's paced sender fell below 90 % of the asked rate (see achieved_rate)")
     for system, reason in skipped.items():
         print(f"skipped {system}: {reason}")
     sys.stdout.flush()
@@ -137,13 +148,14 @@ def run_system(driver: str, mod, system: str, info: dict, opts: dict, args: argp
             name = f"p{size}{mode}{flush or ''}"
             ok = record({"workload": "produce", "mode": mode, "size": size},
                         run_role, driver, "produce", {**common, "name": name, "size": size,
-                                                      "count": args.count, "mode": mode})
+                                                      "count": args.count, "mode": mode, "budget": args.budget})
             if ok and size == 100 and 100 not in produced:
-                produced[100] = (name, args.count)
+                produced[100] = (name, ok["count"])
     if only_throughput:
         single = min(args.single_count, args.sync_single_count)
         record({"workload": "single", "mode": "sync-each", "size": 100},
-               run_role, driver, "single", {**common, "name": "single", "size": 100, "count": single})
+               run_role, driver, "single", {**common, "name": "single", "size": 100, "count": single,
+                                            "budget": args.budget})
         return
     if 100 in produced:
         name, count = produced[100]
@@ -155,7 +167,8 @@ def run_system(driver: str, mod, system: str, info: dict, opts: dict, args: argp
                run_latency, driver, {**common, "name": f"lat{mode}", "size": 100, "count": n,
                                      "rate": args.rate, "seconds": args.latency_seconds, "spin": mode == "spin"})
     record({"workload": "single", "mode": "sync-each", "size": 100},
-           run_role, driver, "single", {**common, "name": "single", "size": 100, "count": args.single_count})
+           run_role, driver, "single", {**common, "name": "single", "size": 100, "count": args.single_count,
+                                        "budget": args.budget})
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -194,7 +207,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     peers, table = ratios(rows)
-    for label, ours, cells in table:
+    for label, ours, cells, _ in table:
         emit({"bench": "peers-ratio", "workload": label, "equeue": ours, **cells})
     print_table(peers, table, rows)
     print(f"# peers benchmark took {time.monotonic() - started:.0f} s", file=sys.stderr)
@@ -209,12 +222,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--single-count", type=int, help="sends one by one (default 2000, --quick 500)")
     p.add_argument("--sync-single-count", type=int, default=500, help="cap of single sends with flush=sync")
     p.add_argument("--latency-seconds", type=float, help="seconds of paced sending (default 5, --quick 2)")
+    p.add_argument("--budget", type=float, help="seconds a produce or single-send run may take before it stops "
+                   "early and reports the count it reached (default 8, --quick 2)")
     p.add_argument("--rate", type=int, default=5000, help="paced messages per second for latency")
     p.add_argument("--sizes", default="100,1024", help="produce body sizes in bytes")
     a = p.parse_args(argv)
     a.count = a.count or (20_000 if a.quick else 100_000)
     a.single_count = a.single_count or (500 if a.quick else 2000)
     a.latency_seconds = a.latency_seconds or (2.0 if a.quick else 5.0)
+    a.budget = a.budget or (2.0 if a.quick else 8.0)
     a.sizes = [int(s) for s in a.sizes.split(",")]
     return a
 
