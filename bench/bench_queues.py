@@ -128,7 +128,7 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int) -> d
                 "rss_mb_after": round(rss_consumed / 1024, 1),
                 "rss_kb_per_queue_created": round((rss_created - rss_start) / total, 2),
                 "rss_kb_per_queue_used": round((rss_consumed - rss_start) / total, 2),
-                "rss_kb_after_produce": rss_produced}
+                "rss_mb_after_produce": round(rss_produced / 1024, 1)}
     finally:
         b.stop()
 
