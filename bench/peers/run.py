@@ -12,6 +12,9 @@ Workloads (durability on everywhere):
 - latency: a steady paced rate (default 5k msg/s), p50/p99, the receiver in its own process;
   `sleep` between sends, and `spin` where the sender's thread stays busy between sends;
 - single: one send at a time, each waiting for its acknowledgement.
+Produce and single-send runs stop early after --budget seconds (a slow peer bounds the run's time;
+each row gives the count it reached). A latency row's achieved_rate shows whether its sender kept
+the pace; the table marks those that did not.
 A peer whose server binary or Python client is missing prints a `skipped` row with the reason.
 Not a test: nothing here asserts a time.
 """
