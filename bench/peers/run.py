@@ -109,7 +109,7 @@ def ratios(rows: list[dict]) -> tuple[list[str], Table]:
 def print_table(peers: list[str], table: Table, rows: list[dict]) -> None:
     skipped = {r["system"]: r["skipped"] for r in rows if "skipped" in r}
     print()
-    print("| EQueue vs peer (>1: EQueue ahead) | EQueue | " + " | ".join(peers) + " |")
+    print("| " + " | ".join(["EQueue vs peer (>1: EQueue ahead)", "EQueue", *peers]) + " |")
     print("|---|---:|" + "---:|" * len(peers))
     for label, ours, cells, flags in table:
         vals = []
@@ -118,7 +118,7 @@ def print_table(peers: list[str], table: Table, rows: list[dict]) -> None:
             vals.append("skipped" if p in skipped else ("n/a" if v is None else f"{v:.2f}" + "*" * flags[p]))
         mine = "n/a" if ours is None else (f"{ours:.2f} ms" if "latency" in label else f"{ours / 1000:.1f}k/s")
         mine += "*" * flags[REFERENCE]
-        print(f"| {label} | {mine} | " + " | ".join(vals) + " |")
+        print("| " + " | ".join([label, mine, *vals]) + " |")
     if any(any(flags.values()) for *_, flags in table):
         print("* that system's paced sender fell below 90 % of the asked rate (see achieved_rate)")
     for system, reason in skipped.items():
