@@ -136,7 +136,10 @@ def latency_receiver(info: dict, system: str, name: str, size: int, count: int, 
                  offset_dir=info["offset_dir"])
     c.subscribe(name)
     c.start(handler)
-    time.sleep(1.0)  # the first rebalance assigns the queues
+    deadline = time.monotonic() + 30  # ready once the first rebalance has set the queues' offsets
+    while not c.assigned_queues() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
     print("ready", flush=True)
     done.wait(seconds + 30)
     c.close()

@@ -25,6 +25,7 @@ from bench.peers.common import (
     rate_row,
     stamp,
     summary,
+    warmup_body,
 )
 
 SYSTEMS = ["redis-streams"]
@@ -104,7 +105,7 @@ def single(info: dict, system: str, name: str, size: int, count: int, budget: fl
 def latency_receiver(info: dict, system: str, name: str, size: int, count: int, rate: int, seconds: float,
                      spin: bool) -> dict:
     r = _client(info)
-    last = "$"
+    last = r.xadd(name, {"b": warmup_body(size)})  # read from here on: nothing the sender adds is missed
     lat: list[float] = []
     print("ready", flush=True)
     deadline = time.monotonic() + seconds + 30
