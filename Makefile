@@ -4,10 +4,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test install install-all system-deps lint bench clean
+.PHONY: run test install install-all system-deps lint bench bench-deps bench-peers clean
 
 # Debian packages the suite drives (package or package:command); installed by `make test` if missing.
 DEBIAN_TEST_PACKAGES := strace faketime chromium:chromium chromium-driver:chromedriver tmux openssl
+# Peer brokers the benchmark starts itself (bench/peers/); installed by `make bench` only, not by `make test`.
+DEBIAN_BENCH_PACKAGES := redis-server nats-server rabbitmq-server
 
 $(VENV)/.base: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,8 +37,18 @@ test: $(VENV)/.all system-deps
 lint: $(VENV)/.all
 	$(PY) -m ruff check .
 
-bench: $(VENV)/.all
+$(VENV)/.bench: $(VENV)/.all
+	$(PY) -m pip install -q -e '.[test,spark,bench]'
+	touch $@
+
+bench-deps: $(VENV)/.bench  # peer servers (Debian) and their Python clients (the `bench` extra)
+	tools/debian-packages.sh $(DEBIAN_BENCH_PACKAGES)
+
+bench: bench-deps
 	$(PY) -m bench.run_all
+
+bench-peers: bench-deps  # only the peers benchmark (bench/peers/); BENCH_ARGS=--quick for a ~1-minute run
+	$(PY) -m bench.peers $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) data build *.egg-info

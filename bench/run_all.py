@@ -17,6 +17,8 @@ RUNS = [
     ["bench.bench_stores", "--records", "200000"],
     ["bench.bench_spark", "--messages", "300000"],
     ["bench.bench_cqrs", "--count", "40000"],
+    ["bench.bench_queues", "--count", "50000"],
+    ["bench.peers"],  # EQueue against Redis Streams, NATS JetStream, RabbitMQ (bench/peers/)
 ]
 
 
@@ -32,6 +34,9 @@ def main() -> int:
         with out.open("a") as f:
             f.writelines(line + "\n" for line in lines)
         print("\n".join(lines), flush=True)
+        tables = [line for line in proc.stdout.splitlines() if line.startswith("|")]
+        if tables:  # a run's summary table (bench.peers prints its ratios)
+            print("\n".join(tables), file=sys.stderr, flush=True)
         if proc.returncode:
             failed += 1
             print(proc.stderr[-2000:], file=sys.stderr)

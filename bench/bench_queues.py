@@ -1,0 +1,196 @@
+"""Is the cost flat in queue count? Produce and consume rates with 4, 100 and 1000 queues in one
+topic and with 100 topics of 4 queues, and the broker's memory per queue and per idle connection.
+
+Each case runs a fresh broker process (file store, tcp, flush async) so its memory deltas are its
+own; the producer (`send_async`, 100 B, round robin over the topics) and the consumer (one
+Consumer at its default settings, subscribed to every topic) are separate processes. Memory is
+the broker's VmRSS from /proc. Prints one JSON line per case.
+
+    .venv/bin/python -m bench.bench_queues                 # 100k messages a case
+    .venv/bin/python -m bench.bench_queues --count 20000 --connections 200
+
+Not a test: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers.broker import BrokerProcess  # noqa: E402
+
+CASES = [("1 topic x 4 queues", 1, 4), ("1 topic x 100 queues", 1, 100), ("1 topic x 1000 queues", 1, 1000),
+         ("100 topics x 4 queues", 100, 4)]
+
+
+def emit(row: dict) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def settled_rss_kb(pid: int, wait: float = 1.0) -> int:
+    time.sleep(wait)  # let the broker finish what the last request started
+    return rss_kb(pid)
+
+
+def _child(args: list[str], timeout: float = 600) -> dict:
+    r = subprocess.run([sys.executable, "-m", "bench.bench_queues", "--role", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-2000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def role_produce(address: str, topics: list[str], count: int, size: int) -> dict:
+    from equeue_core.client import Message, Producer
+
+    body = b"x" * size
+    with Producer(address) as p:
+        for t in topics:
+            p.send(Message(t, body))  # routes, not timed
+        start = time.perf_counter()
+        window = []
+        for i in range(count):
+            window.append(p.send_async(Message(topics[i % len(topics)], body)))
+            if len(window) >= 20000:
+                for f in window:
+                    f.result()
+                window.clear()
+        for f in window:
+            f.result()
+        elapsed = time.perf_counter() - start
+    return {"count": count, "seconds": elapsed, "msgs_per_s": count / elapsed}
+
+
+def role_consume(address: str, topics: list[str], count: int, offset_dir: str) -> dict:
+    from equeue_core.client import Consumer
+
+    lock = threading.Lock()
+    seen = 0
+    done = threading.Event()
+
+    def handler(m) -> None:
+        nonlocal seen
+        with lock:
+            seen += 1
+            if seen >= count:
+                done.set()
+
+    c = Consumer("drain", address, consume_from="first", offset_dir=offset_dir)
+    for t in topics:
+        c.subscribe(t)
+    start = time.perf_counter()
+    c.start(handler)
+    done.wait(600)
+    elapsed = time.perf_counter() - start
+    c.close()
+    return {"count": seen, "seconds": elapsed, "msgs_per_s": seen / elapsed}
+
+
+def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int) -> dict:
+    from equeue_core.client import AdminClient
+
+    b = BrokerProcess(tmp / f"data-{n_topics}-{queues}", flush="async").start()
+    try:
+        pid = b.proc.pid
+        with AdminClient(b.address) as admin:
+            admin.broker_info()
+            rss_start = settled_rss_kb(pid)
+            topics = [f"q{queues}-t{i}" for i in range(n_topics)]
+            for t in topics:
+                admin.create_topic(t, queues=queues)
+            rss_created = settled_rss_kb(pid)
+        total = n_topics * queues
+        prod = _child(["produce", b.address, ",".join(topics), str(count), "100"])
+        rss_produced = settled_rss_kb(pid)
+        cons = _child(["consume", b.address, ",".join(topics), str(count), str(tmp / f"offsets-{label}")])
+        rss_consumed = settled_rss_kb(pid)
+        return {"bench": "queues", "case": label, "topics": n_topics, "queues_per_topic": queues,
+                "queues": total, "count": count, "size": 100,
+                "produce_msgs_per_s": round(prod["msgs_per_s"], 1), "consume_msgs_per_s": round(cons["msgs_per_s"], 1),
+                "consumed": cons["count"], "rss_mb_start": round(rss_start / 1024, 1),
+                "rss_mb_after": round(rss_consumed / 1024, 1),
+                "rss_kb_per_queue_created": round((rss_created - rss_start) / total, 2),
+                "rss_kb_per_queue_used": round((rss_consumed - rss_start) / total, 2),
+                "rss_mb_after_produce": round(rss_produced / 1024, 1)}
+    finally:
+        b.stop()
+
+
+def run_connections(tmp: Path, n: int) -> dict:
+    """Idle TCP connections (connected, nothing sent) and idle client connections (one request
+    each, then nothing): the broker's RSS growth per connection."""
+    from equeue_core.client import AdminClient
+
+    b = BrokerProcess(tmp / "data-conn", flush="async").start()
+    socks: list[socket.socket] = []
+    admins: list[AdminClient] = []
+    try:
+        pid = b.proc.pid
+        rss0 = settled_rss_kb(pid)
+        for _ in range(n):
+            socks.append(socket.create_connection(("127.0.0.1", b.port)))
+        rss1 = settled_rss_kb(pid, 2.0)
+        n_clients = min(n, 100)
+        for _ in range(n_clients):
+            a = AdminClient(b.address)
+            a.broker_info()
+            admins.append(a)
+        rss2 = settled_rss_kb(pid, 2.0)
+        return {"bench": "connections", "tcp_connections": n, "client_connections": n_clients,
+                "rss_mb_start": round(rss0 / 1024, 1),
+                "rss_kb_per_idle_tcp_connection": round((rss1 - rss0) / n, 2),
+                "rss_kb_per_idle_client_connection": round((rss2 - rss1) / n_clients, 2)}
+    finally:
+        for a in admins:
+            a.close()
+        for s in socks:
+            s.close()
+        b.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--role"]:
+        role, *rest = argv[1:]
+        if role == "produce":
+            out = role_produce(rest[0], rest[1].split(","), int(rest[2]), int(rest[3]))
+        elif role == "consume":
+            out = role_consume(rest[0], rest[1].split(","), int(rest[2]), rest[3])
+        else:
+            raise SystemExit(f"unknown role {role}")
+        print(json.dumps(out))
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--count", type=int, default=100_000, help="messages per case")
+    p.add_argument("--connections", type=int, default=500, help="idle TCP connections for the memory figure")
+    p.add_argument("--cases", help="comma list of queue counts to run (default 4,100,1000,100topics)")
+    args = p.parse_args(argv)
+    wanted = set(args.cases.split(",")) if args.cases else None
+    with tempfile.TemporaryDirectory(prefix="equeue-bench-queues-") as tmp:
+        for label, n_topics, queues in CASES:
+            key = "100topics" if n_topics > 1 else str(queues)
+            if wanted and key not in wanted:
+                continue
+            emit(run_case(Path(tmp), label, n_topics, queues, args.count))
+        emit(run_connections(Path(tmp), args.connections))
+
+
+if __name__ == "__main__":
+    main()

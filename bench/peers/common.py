@@ -1,0 +1,201 @@
+"""What every peer driver shares: starting a server in its own process group on a free loopback
+port and always stopping it, running a client role in a child process, pacing a sender, and the
+latency statistics.
+
+Every process the harness starts (servers and client roles) inherits the environment, so a test
+can find leftovers by the EQUEUE_BENCH_RUN marker it sets (tests/test_bench_peers.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+# A latency message carries its send time (time.time_ns, one clock for every process on the host)
+# in its first 8 bytes; warm-up messages carry 0 and are not counted.
+STAMP_BYTES = 8
+
+
+def emit(row: dict) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def missing_binary(*names: str) -> str | None:
+    """The reason a peer cannot run when one of its programs is not on PATH, else None."""
+    for name in names:
+        if shutil.which(name) is None:
+            return f"{name} not found on PATH"
+    return None
+
+
+def missing_module(*modules: str) -> str | None:
+    import importlib.util
+
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            return f"Python module {module} not installed (pip install -e '.[bench]')"
+    return None
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout: float, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+            raise RuntimeError(f"server exited with {proc.returncode} before listening on {port}: {tail}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"server did not listen on 127.0.0.1:{port} within {timeout:.0f} s")
+
+
+class ServerProcess:
+    """A peer server in its own process group (start_new_session), so stop() reaches every process
+    it forks (Erlang's helpers, a shell wrapper's child). stop() is safe to call twice."""
+
+    def __init__(self, cmd: Sequence[str], log: Path, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
+        self.cmd = list(cmd)
+        self.log = log
+        self.env = env
+        self.cwd = cwd
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, port: int, timeout: float = 30.0) -> ServerProcess:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=self.env, cwd=self.cwd, start_new_session=True)
+        try:
+            wait_port(port, self.proc, timeout, self.log)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            if _group_gone(pgid, self.proc, wait):
+                break
+        self.proc = None
+
+
+def _group_gone(pgid: int, proc: subprocess.Popen, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the leader
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def run_role(driver: str, role: str, args: dict, timeout: float = 600) -> dict:
+    """Run `role` of bench/peers/<driver>.py in a fresh Python process; it prints one JSON line."""
+    r = subprocess.run([sys.executable, "-m", "bench.peers.role", driver, role, json.dumps(args)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{driver} {role}: {r.stderr.strip()[-1500:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_latency(driver: str, args: dict, timeout: float = 300) -> dict:
+    """Receiver and paced sender in two processes (so a sender that spins only starves itself):
+    the receiver prints "ready" once subscribed, then one JSON line with the latencies."""
+    recv = subprocess.Popen([sys.executable, "-m", "bench.peers.role", driver, "latency_receiver", json.dumps(args)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert recv.stdout is not None
+        line = recv.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"{driver} latency receiver: {line}{recv.stderr.read()[-1500:] if recv.stderr else ''}")
+        sent = run_role(driver, "latency_sender", args, timeout)
+        out, err = recv.communicate(timeout=args["seconds"] + 60)
+        if recv.returncode != 0:
+            raise RuntimeError(f"{driver} latency receiver: {err.strip()[-1500:]}")
+        res = json.loads(out.strip().splitlines()[-1])
+        # a sender that could not keep the pace says so: achieved_rate below the asked rate
+        return {**res, "sent": sent["count"], "achieved_rate": round(sent["count"] / sent["seconds"], 1)}
+    finally:
+        if recv.poll() is None:
+            recv.kill()
+            recv.communicate()
+
+
+def paced(count: int, rate: float, spin: bool, send: Callable[[int], object]) -> float:
+    """Call send(i) at a steady `rate` per second; between sends the caller's thread either sleeps
+    or spins (stays busy, as an application that computes between sends). Returns the seconds."""
+    start = time.perf_counter()
+    for i in range(count):
+        due = start + i / rate
+        if spin:
+            while time.perf_counter() < due:
+                pass
+        else:
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+        send(i)
+    return time.perf_counter() - start
+
+
+def chunks(count: int, budget: float, chunk: int = 1000):
+    """Yield the sizes of successive chunks of `count` sends, stopping early once `budget`
+    seconds have passed (so a slow peer bounds the run's time; the row gives the count done)."""
+    end = time.perf_counter() + budget
+    for i in range(0, count, chunk):
+        if i and time.perf_counter() > end:
+            return
+        yield min(chunk, count - i)
+
+
+def stamp(size: int) -> bytes:
+    return time.time_ns().to_bytes(STAMP_BYTES, "little") + b"\0" * (size - STAMP_BYTES)
+
+
+def latency_ms(body: bytes) -> float | None:
+    """Milliseconds since the sender stamped `body`, None for a warm-up message."""
+    sent = int.from_bytes(body[:STAMP_BYTES], "little")
+    return None if sent == 0 else (time.time_ns() - sent) / 1e6
+
+
+def warmup_body(size: int) -> bytes:
+    return b"\0" * size
+
+
+def summary(lat: list[float]) -> dict:
+    if not lat:
+        return {"count": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
+    lat = sorted(lat)
+    return {"count": len(lat), "p50_ms": round(lat[len(lat) // 2], 3),
+            "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 3), "max_ms": round(lat[-1], 3)}
+
+
+def rate_row(count: int, seconds: float) -> dict:
+    return {"count": count, "seconds": round(seconds, 4), "msgs_per_s": round(count / seconds, 1) if seconds else None}

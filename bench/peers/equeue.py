@@ -1,0 +1,157 @@
+"""EQueue driver: our broker as a real process (tests/helpers/broker.py BrokerProcess, tcp, file
+store), driven through the public client API (`equeue_core.client`).
+
+produce: `send_batch` of 1000 and `send_async` (auto batching); consume: one Consumer at its
+default settings draining a backlog; latency: `send_async` paced, a Consumer in another process;
+single: `send` waiting for each answer. Durability: flush=async (fsync every flush_interval_ms)
+and flush=sync (a send is answered after its data is durable).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from bench.peers.common import chunks, latency_ms, paced, rate_row, stamp, summary, warmup_body
+
+SYSTEMS = ["equeue"]
+PRODUCE_MODES = ["batch", "async"]
+SERVER_VARIANTS = [{"flush": "async"}, {"flush": "sync"}]  # sync: produce and single sends only
+
+
+def durability(system: str, opts: dict) -> str:
+    return {"async": "flush=async (fsync every 500 ms)",
+            "sync": "flush=sync (fsync before the answer)"}[opts["flush"]]
+
+
+def missing() -> str | None:
+    return None  # our own broker and client are always there
+
+
+@contextmanager
+def server(tmp: Path, flush: str = "async") -> Iterator[dict]:
+    from tests.helpers.broker import BrokerProcess
+
+    b = BrokerProcess(tmp / f"equeue-{flush}", store="file", transport="tcp", flush=flush).start()
+    try:
+        yield {"address": b.address, "offset_dir": str(tmp / f"equeue-{flush}-client-offsets")}
+    finally:
+        b.stop()
+
+
+def produce(info: dict, system: str, name: str, size: int, count: int, mode: str, budget: float = 1e9) -> dict:
+    from equeue_core.client import Message, Producer
+
+    body = os.urandom(size)
+    with Producer(info["address"]) as p:
+        p.send(Message(name, body))  # route lookup and connection warm-up, not timed
+        start = time.perf_counter()
+        done = 0
+        if mode == "batch":
+            msgs = [Message(name, body) for _ in range(1000)]
+            for n in chunks(count, budget):
+                p.send_batch(msgs[:n])
+                done += n
+        else:
+            window = []
+            for n in chunks(count, budget):
+                window.extend(p.send_async(Message(name, body)) for _ in range(n))
+                done += n
+                if len(window) >= 20000:
+                    for f in window:
+                        f.result()
+                    window.clear()
+            for f in window:
+                f.result()
+        elapsed = time.perf_counter() - start
+    return rate_row(done, elapsed)
+
+
+def consume(info: dict, system: str, name: str, count: int) -> dict:
+    """Drain `count` messages of topic `name` with one Consumer at its default settings (pull
+    batch, threads, flow control) from the first offset; the warm-up message counts too."""
+    from equeue_core.client import Consumer
+
+    lock = threading.Lock()
+    seen = 0
+    done = threading.Event()
+
+    def handler(m) -> None:
+        nonlocal seen
+        with lock:
+            seen += 1
+            if seen >= count:
+                done.set()
+
+    c = Consumer(f"drain-{name}", info["address"], consume_from="first",
+                 offset_dir=info["offset_dir"])
+    c.subscribe(name)
+    start = time.perf_counter()
+    c.start(handler)
+    done.wait(600)
+    elapsed = time.perf_counter() - start
+    c.close()
+    return rate_row(seen, elapsed)
+
+
+def single(info: dict, system: str, name: str, size: int, count: int, budget: float = 1e9) -> dict:
+    from equeue_core.client import Message, Producer
+
+    body = os.urandom(size)
+    with Producer(info["address"]) as p:
+        p.send(Message(name, body))
+        start = time.perf_counter()
+        done = 0
+        for n in chunks(count, budget, 50):
+            for _ in range(n):
+                p.send(Message(name, body))
+            done += n
+        elapsed = time.perf_counter() - start
+    return rate_row(done, elapsed)
+
+
+def latency_receiver(info: dict, system: str, name: str, size: int, count: int, rate: int, seconds: float,
+                     spin: bool) -> dict:
+    from equeue_core.client import Consumer, Message, Producer
+
+    lat: list[float] = []
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def handler(m) -> None:
+        ms = latency_ms(m.body)
+        if ms is not None:
+            with lock:
+                lat.append(ms)
+                if len(lat) >= count:
+                    done.set()
+
+    with Producer(info["address"]) as p:
+        p.send(Message(name, warmup_body(size)))  # creates the topic before the consumer subscribes
+    c = Consumer(f"latency-{name}", info["address"], consume_from="last",
+                 offset_dir=info["offset_dir"])
+    c.subscribe(name)
+    c.start(handler)
+    deadline = time.monotonic() + 30  # ready once the first rebalance has set the queues' offsets
+    while not c.assigned_queues() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    print("ready", flush=True)
+    done.wait(seconds + 30)
+    c.close()
+    return summary(lat)
+
+
+def latency_sender(info: dict, system: str, name: str, size: int, count: int, rate: int, seconds: float,
+                   spin: bool) -> dict:
+    from equeue_core.client import Message, Producer
+
+    with Producer(info["address"]) as p:
+        p.send(Message(name, warmup_body(size)))
+        elapsed = paced(count, rate, spin, lambda i: p.send_async(Message(name, stamp(size))))
+        p.flush()
+    return rate_row(count, elapsed)

@@ -1,0 +1,252 @@
+"""The peers benchmark: the same workloads against EQueue and the brokers people pick instead,
+each server started here on free loopback ports in a tmp dir and always stopped, one JSON line
+per (system, workload, size), then one table of ratios (>1 means EQueue is ahead).
+
+    .venv/bin/python -m bench.peers            # all systems, a few minutes on 2 cores
+    .venv/bin/python -m bench.peers --quick    # ~1 minute
+    .venv/bin/python -m bench.peers --systems equeue,redis_streams --count 20000
+
+Workloads (durability on everywhere):
+- produce: 100 B and 1 KiB bodies, each system's best batching pattern (and EQueue's send_async);
+- consume: drain the 100 B backlog the batch produce left, at the client's default settings;
+- latency: a steady paced rate (default 5k msg/s), p50/p99, the receiver in its own process;
+  `sleep` between sends, and `spin` where the sender's thread stays busy between sends;
+- single: one send at a time, each waiting for its acknowledgement.
+Produce and single-send runs stop early after --budget seconds (a slow peer bounds the run's time;
+each row gives the count it reached). A latency row's achieved_rate shows whether its sender kept
+the pace; the table marks those that did not.
+A peer whose server binary or Python client is missing prints a `skipped` row with the reason.
+Not a test: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.peers.common import emit, run_latency, run_role
+
+DRIVERS = ["equeue", "redis_streams", "nats_jetstream", "rabbitmq"]
+REFERENCE = "equeue"
+
+
+def _ratio_specs() -> list[tuple[str, tuple, tuple, bool]]:
+    """(label, EQueue row key, peer row key, lower_is_better). A key is
+    (workload, mode, size, flush); the peers' key has flush None and mode "batch" for produce."""
+    specs: list[tuple[str, tuple, tuple, bool]] = []
+    for size, label in ((100, "100 B"), (1024, "1 KiB")):
+        specs.append((f"produce {label}: send_batch / peer batch", ("produce", "batch", size, "async"),
+                      ("produce", "batch", size, None), False))
+        specs.append((f"produce {label}: send_async / peer batch", ("produce", "async", size, "async"),
+                      ("produce", "batch", size, None), False))
+    for size, label in ((100, "100 B"), (1024, "1 KiB")):
+        specs.append((f"produce {label}: send_batch flush=sync / peer batch", ("produce", "batch", size, "sync"),
+                      ("produce", "batch", size, None), False))
+    specs.append(("consume 100 B, default settings", ("consume", "drain", 100, "async"),
+                  ("consume", "drain", 100, None), False))
+    specs.append(("single send 100 B: send / peer single", ("single", "sync-each", 100, "async"),
+                  ("single", "sync-each", 100, None), False))
+    specs.append(("single send 100 B: send flush=sync / peer single", ("single", "sync-each", 100, "sync"),
+                  ("single", "sync-each", 100, None), False))
+    for mode in ("sleep", "spin"):
+        for stat in ("p50_ms", "p99_ms"):
+            specs.append((f"latency {stat[:3]} paced, sender {mode}s (peer / EQueue)",
+                          ("latency", mode, 100, "async", stat), ("latency", mode, 100, None, stat), True))
+    return specs
+
+
+def behind_pace(row: dict | None) -> bool:
+    """A latency row whose sender could not keep the asked rate (a starved or slow client): its
+    latencies include the queueing that caused, so the table marks it."""
+    return bool(row and row.get("achieved_rate") and row["achieved_rate"] < 0.9 * row["rate"])
+
+
+def _key(row: dict) -> tuple:
+    return (row["workload"], row["mode"], row["size"], row.get("flush"))
+
+
+Table = list[tuple[str, float | None, dict[str, float | None], dict[str, bool]]]
+
+
+def ratios(rows: list[dict]) -> tuple[list[str], Table]:
+    """Per label: EQueue's own figure, and per peer system EQueue / peer for throughput, peer /
+    EQueue for latency (so >1 means EQueue is ahead); None where either side has no figure."""
+    ours = {_key(r): r for r in rows if r.get("system") == REFERENCE and "error" not in r}
+    peers: list[str] = []
+    theirs: dict[str, dict[tuple, dict]] = {}
+    for r in rows:
+        if r.get("system") in (None, REFERENCE) or r.get("bench") != "peers":
+            continue
+        if r["system"] not in peers:
+            peers.append(r["system"])
+        if "workload" in r and "error" not in r:
+            theirs.setdefault(r["system"], {})[_key(r)] = r
+    table = []
+    for label, our_key, peer_key, lower_better in _ratio_specs():
+        stat = our_key[4] if len(our_key) > 4 else "msgs_per_s"
+        o = ours.get(our_key[:4])
+        cells: dict[str, float | None] = {}
+        flags = {REFERENCE: behind_pace(o)}
+        for peer in peers:
+            t = theirs.get(peer, {}).get(peer_key[:4])
+            flags[peer] = behind_pace(t)
+            a = o.get(stat) if o else None
+            b = t.get(stat) if t else None
+            if not a or not b:
+                cells[peer] = None
+            else:
+                cells[peer] = round(b / a if lower_better else a / b, 2)
+        table.append((label, o.get(stat) if o else None, cells, flags))
+    return peers, table
+
+
+def print_table(peers: list[str], table: Table, rows: list[dict]) -> None:
+    skipped = {r["system"]: r["skipped"] for r in rows if "skipped" in r}
+    print()
+    print("| " + " | ".join(["EQueue vs peer (>1: EQueue ahead)", "EQueue", *peers]) + " |")
+    print("|---|---:|" + "---:|" * len(peers))
+    for label, ours, cells, flags in table:
+        vals = []
+        for p in peers:
+            v = cells.get(p)
+            vals.append("skipped" if p in skipped else ("n/a" if v is None else f"{v:.2f}" + "*" * flags[p]))
+        mine = "n/a" if ours is None else (f"{ours:.2f} ms" if "latency" in label else f"{ours / 1000:.1f}k/s")
+        mine += "*" * flags[REFERENCE]
+        print("| " + " | ".join([label, mine, *vals]) + " |")
+    if any(any(flags.values()) for *_, flags in table):
+        print("* that system's paced sender fell below 90 % of the asked rate (see achieved_rate)")
+    for system, reason in skipped.items():
+        print(f"skipped {system}: {reason}")
+    sys.stdout.flush()
+
+
+def run_system(driver: str, mod, system: str, info: dict, opts: dict, args: argparse.Namespace,
+               rows: list[dict]) -> None:
+    flush = opts.get("flush")
+    base = {"bench": "peers", "system": system, "durability": mod.durability(system, opts)}
+    if flush:
+        base["flush"] = flush
+    only_throughput = bool(flush and flush != "async")
+
+    def record(extra: dict, fn, *fn_args) -> dict | None:
+        row = {**base, **extra}
+        try:
+            row.update(fn(*fn_args))
+        except Exception as e:  # a failed workload is a row with its error, and the run goes on
+            row["error"] = str(e).strip().splitlines()[-1][:300] if str(e).strip() else repr(e)
+        rows.append(row)
+        emit(row)
+        return row if "error" not in row else None
+
+    common = {"info": info, "system": system}
+    produced: dict[int, tuple[str, int]] = {}
+    for size in args.sizes:
+        for mode in mod.PRODUCE_MODES:
+            name = f"p{size}{mode}{flush or ''}"
+            ok = record({"workload": "produce", "mode": mode, "size": size},
+                        run_role, driver, "produce", {**common, "name": name, "size": size,
+                                                      "count": args.count, "mode": mode, "budget": args.budget})
+            if ok and size == 100 and 100 not in produced:
+                produced[100] = (name, ok["count"])
+    if only_throughput:
+        single = min(args.single_count, args.sync_single_count)
+        record({"workload": "single", "mode": "sync-each", "size": 100},
+               run_role, driver, "single", {**common, "name": "single", "size": 100, "count": single,
+                                            "budget": args.budget})
+        return
+    if 100 in produced:
+        name, count = produced[100]
+        record({"workload": "consume", "mode": "drain", "size": 100},
+               run_role, driver, "consume", {**common, "name": name, "count": count})
+    for mode in ("sleep", "spin"):
+        n = int(args.rate * args.latency_seconds)
+        record({"workload": "latency", "mode": mode, "size": 100, "rate": args.rate},
+               run_latency, driver, {**common, "name": f"lat{mode}", "size": 100, "count": n,
+                                     "rate": args.rate, "seconds": args.latency_seconds, "spin": mode == "spin"})
+    record({"workload": "single", "mode": "sync-each", "size": 100},
+           run_role, driver, "single", {**common, "name": "single", "size": 100, "count": args.single_count,
+                                        "budget": args.budget})
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    rows: list[dict] = []
+    wanted = args.systems.split(",") if args.systems else DRIVERS
+    started = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="equeue-peers-"))
+    try:
+        for driver in DRIVERS:
+            mod = importlib.import_module(f"bench.peers.{driver}")
+            systems = [s for s in mod.SYSTEMS if driver in wanted or s in wanted]
+            if not systems:
+                continue
+            reason = mod.missing()
+            if reason:
+                for system in systems:
+                    row = {"bench": "peers", "system": system, "skipped": reason}
+                    rows.append(row)
+                    emit(row)
+                continue
+            for opts in mod.SERVER_VARIANTS:
+                d = tmp / f"{driver}-{len(rows)}"
+                d.mkdir()
+                try:
+                    with mod.server(d, **opts) as info:
+                        for system in systems:
+                            run_system(driver, mod, system, info, opts, args, rows)
+                except Exception as e:  # the server did not start (or stop): say so, go on
+                    for system in systems:
+                        row = {"bench": "peers", "system": system, **opts,
+                               "error": f"server: {str(e).strip()[-300:]}"}
+                        rows.append(row)
+                        emit(row)
+                finally:
+                    shutil.rmtree(d, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    peers, table = ratios(rows)
+    for label, ours, cells, _ in table:
+        emit({"bench": "peers-ratio", "workload": label, "equeue": ours, **cells})
+    print_table(peers, table, rows)
+    print(f"# peers benchmark took {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smaller counts and shorter latency runs (~1 minute)")
+    p.add_argument("--systems", help=f"comma list of drivers or systems (default all: {','.join(DRIVERS)})")
+    p.add_argument("--count", type=int, help="messages per produce run (default 100000, --quick 20000)")
+    p.add_argument("--single-count", type=int, help="sends one by one (default 2000, --quick 500)")
+    p.add_argument("--sync-single-count", type=int, default=500, help="cap of single sends with flush=sync")
+    p.add_argument("--latency-seconds", type=float, help="seconds of paced sending (default 5, --quick 2)")
+    p.add_argument("--budget", type=float, help="seconds a produce or single-send run may take before it stops "
+                   "early and reports the count it reached (default 8, --quick 2)")
+    p.add_argument("--rate", type=int, default=5000, help="paced messages per second for latency")
+    p.add_argument("--sizes", default="100,1024", help="produce body sizes in bytes")
+    a = p.parse_args(argv)
+    a.count = a.count or (20_000 if a.quick else 100_000)
+    a.single_count = a.single_count or (500 if a.quick else 2000)
+    a.latency_seconds = a.latency_seconds or (2.0 if a.quick else 5.0)
+    a.budget = a.budget or (2.0 if a.quick else 8.0)
+    a.sizes = [int(s) for s in a.sizes.split(",")]
+    return a
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through every server's finally: nothing is left running
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    rows = run(parse_args(argv))
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The peers benchmark harness (bench/peers/) at tiny sizes: it runs EQueue (and every peer whose
+server and Python client are installed here) end to end, prints well-formed JSON rows and the
+ratio table, reports a peer whose binary is missing as skipped, and leaves no process behind.
+
+Nothing here asserts a time: only that each figure is there and positive.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PEER_DRIVERS = ["redis_streams", "nats_jetstream", "rabbitmq"]
+TINY = ["--quick", "--count", "2000", "--single-count", "50", "--sync-single-count", "20",
+        "--latency-seconds", "0.5", "--rate", "1000"]
+
+
+def _installed_peers() -> list[str]:
+    return [d for d in PEER_DRIVERS if importlib.import_module(f"bench.peers.{d}").missing() is None]
+
+
+def _systems(driver: str) -> list[str]:
+    return importlib.import_module(f"bench.peers.{driver}").SYSTEMS
+
+
+def _run_harness(systems: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, str]:
+    """Run the harness in its own process with a marker in its environment, which every process
+    it starts inherits; returns the result and the marker."""
+    marker = uuid.uuid4().hex
+    full_env = dict(env if env is not None else os.environ, EQUEUE_BENCH_RUN=marker)
+    r = subprocess.run([sys.executable, "-m", "bench.peers", *TINY, "--systems", ",".join(systems)], cwd=ROOT,
+                       env=full_env, capture_output=True, text=True, timeout=600)
+    return r, marker
+
+
+def _rows(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def _processes_with(marker: str) -> list[str]:
+    found = []
+    needle = f"EQUEUE_BENCH_RUN={marker}".encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+            if needle in env.split(b"\0"):
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200]
+                found.append(f"{pid}: {cmdline!r}")
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def equeue_and_installed_peers():
+    """One harness run over EQueue and every peer installed on this machine (none in CI)."""
+    r, marker = _run_harness(["equeue", *_installed_peers()])
+    return r, _rows(r.stdout), marker
+
+
+def test_harness_exits_cleanly_without_failed_workloads(equeue_and_installed_peers):
+    r, rows, _ = equeue_and_installed_peers
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [row for row in rows if "error" in row] == []
+
+
+@pytest.mark.parametrize("driver", ["equeue", *_installed_peers()])
+def test_every_workload_row_is_well_formed(equeue_and_installed_peers, driver):
+    _, rows, _ = equeue_and_installed_peers
+    for system in _systems(driver):
+        mine = [row for row in rows if row.get("bench") == "peers" and row.get("system") == system
+                and row.get("flush") in (None, "async")]
+        assert {(row["workload"], row["mode"], row["size"]) for row in mine} >= {
+            ("produce", "batch", 100), ("produce", "batch", 1024), ("consume", "drain", 100),
+            ("latency", "sleep", 100), ("latency", "spin", 100), ("single", "sync-each", 100)}, system
+        for row in mine:
+            assert row["durability"], row
+            if row["workload"] == "latency":
+                assert row["count"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"], row
+                assert row["sent"] == row["count"] and row["achieved_rate"] > 0, row
+            else:
+                assert row["count"] > 0 and row["seconds"] > 0 and row["msgs_per_s"] > 0, row
+    if driver == "equeue":  # our own: send_async too, and produce/single sends with flush=sync
+        modes = {(row["workload"], row["mode"], row.get("flush")) for row in rows if row.get("system") == "equeue"}
+        assert {("produce", "async", "async"), ("produce", "batch", "sync"), ("single", "sync-each", "sync")} <= modes
+
+
+def test_ratio_table_has_a_row_per_comparison_and_a_column_per_peer(equeue_and_installed_peers):
+    r, rows, _ = equeue_and_installed_peers
+    ratio_rows = [row for row in rows if row.get("bench") == "peers-ratio"]
+    peers = [s for d in _installed_peers() for s in _systems(d)]
+    labels = [row["workload"] for row in ratio_rows]
+    assert any(label.startswith("produce 100 B") for label in labels)
+    assert any(label.startswith("consume") for label in labels)
+    assert any(label.startswith("latency p99") for label in labels)
+    for row in ratio_rows:
+        assert row["equeue"] is not None and row["equeue"] > 0, row
+        for peer in peers:
+            assert row[peer] is not None and row[peer] > 0, (peer, row)
+    table = [line for line in r.stdout.splitlines() if line.startswith("|")]
+    assert table[0].startswith("| EQueue vs peer") and table[0].count("|") == 3 + len(peers)
+    assert len(table) == 2 + len(ratio_rows)
+
+
+def test_harness_leaves_no_process_it_started(equeue_and_installed_peers):
+    _, _, marker = equeue_and_installed_peers
+    assert _processes_with(marker) == []
+
+
+def test_peer_whose_binary_is_missing_is_reported_as_skipped(tmp_path):
+    """A PATH without the peers' servers: every peer system gets a `skipped` row naming the
+    missing program and a `skipped` line under the table, and the run still succeeds."""
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    r, marker = _run_harness(PEER_DRIVERS, env=dict(os.environ, PATH=str(empty_bin)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = _rows(r.stdout)
+    skipped = {row["system"]: row["skipped"] for row in rows if "skipped" in row}
+    expected = {system: binary for driver, binary in (("redis_streams", "redis-server"),
+                                                      ("nats_jetstream", "nats-server"),
+                                                      ("rabbitmq", "rabbitmq-server"))
+                for system in _systems(driver)}
+    assert set(skipped) == set(expected)
+    for system, binary in expected.items():
+        assert f"{binary} not found on PATH" in skipped[system]
+        assert f"skipped {system}: {binary} not found on PATH" in r.stdout
+    assert not [row for row in rows if row.get("bench") == "peers" and "workload" in row]
+    assert _processes_with(marker) == []
