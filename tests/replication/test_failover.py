@@ -107,9 +107,10 @@ def test_every_acknowledged_sync_send_survives_kill_9_of_the_master_and_a_promot
 
 
 @pytest.mark.failure
-def test_rejoining_old_master_truncates_what_it_stored_while_its_replica_was_away(tmp_path):
-    m = master(tmp_path, replication="async")
-    r = replica(tmp_path, m)
+@pytest.mark.parametrize("store", ["file", "lmdb", "rocksdb"])
+def test_rejoining_old_master_truncates_what_it_stored_while_its_replica_was_away(tmp_path, store):
+    m = master(tmp_path, replication="async", store=store)
+    r = replica(tmp_path, m, store=store)
     with m.start():
         with r.start():
             wait_in_sync(m)
@@ -124,14 +125,14 @@ def test_rejoining_old_master_truncates_what_it_stored_while_its_replica_was_awa
         assert (st["role"], st["epoch"]) == ("master", 1)
         with Producer(r.address) as p:
             p.send_batch([Message(TOPIC, f"after-{i}".encode()) for i in range(700)])
-        old = replica(tmp_path, r, name="m", broker_id=0)
+        old = replica(tmp_path, r, name="m", broker_id=0, store=store)
         with old.start():
             wait_caught_up(r, old)
             assert status(old)["log_end"] == status(r)["log_end"]
             assert status(old)["epoch"] == 1
         assert "truncating" in log_text(old)
-    assert _same_stores("file", str(r.data_dir), str(old.data_dir)) == 1700
-    s = open_store("file", str(old.data_dir))
+    assert _same_stores(store, str(r.data_dir), str(old.data_dir)) == 1700
+    s = open_store(store, str(old.data_dir))
     try:
         everything = b"".join(_queue_bytes(s.store, TOPIC, q) for q in s.store.queues()[TOPIC])
     finally:
