@@ -128,3 +128,17 @@ def test_a_replica_far_behind_catches_up_in_fetches_that_fit_the_frame_limit(tmp
         with r.start():
             wait_caught_up(m, r)
     assert _same_stores("file", str(m.data_dir), str(r.data_dir)) == 40_000
+
+
+@pytest.mark.parametrize("transport", ["tls"])
+def test_a_replica_copies_from_a_tls_master_with_the_client_tls_settings(tmp_path, transport):
+    # the tls_client_ca fixture (tests/conftest.py) puts the session CA in EQUEUE_TLS_CA, which the
+    # replica broker inherits: its connection to the tls:// master verifies the master with it
+    m = master(tmp_path, transport=transport, replication="sync")
+    r = replica(tmp_path, m.address, transport=transport)
+    with m.start(), r.start():
+        wait_in_sync(m)
+        _send(m.address, 2000)
+        wait_caught_up(m, r)
+        assert status(r)["master_address"].startswith("tls://")
+    assert _same_stores("file", str(m.data_dir), str(r.data_dir)) == 2000
