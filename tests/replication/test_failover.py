@@ -138,3 +138,46 @@ def test_rejoining_old_master_truncates_what_it_stored_while_its_replica_was_awa
     finally:
         s.close()
     assert b"unreplicated-" not in everything and b"after-699" in everything
+
+
+@pytest.mark.failure
+def test_five_static_failovers_in_a_row_lose_no_acknowledged_sync_send(tmp_path):
+    """kill -9 of the master under sync producers, promote the replica by hand, the killed broker
+    rejoins as the new replica; five times, the roles swapping each time."""
+    brokers = {0: master(tmp_path, name="b0", broker_id=0, replication="sync")}
+    brokers[1] = replica(tmp_path, brokers[0], name="b1", broker_id=1, replication="sync")
+    brokers[0].start()
+    brokers[1].start()
+    current = 0
+    sender = None
+    try:
+        wait_in_sync(brokers[0], broker_id=1)
+        sender = Sender(brokers[0].address)
+        for cycle in range(5):
+            before = len(sender.acked)
+            assert wait_until(lambda b=before: len(sender.acked) >= b + 500, 60), (cycle, sender.errors)
+            dead, promoted = current, 1 - current
+            brokers[dead].kill()
+            st = request(brokers[promoted], Code.REPL_PROMOTE)
+            assert (st["role"], st["epoch"]) == ("master", cycle + 1)
+            sender.target = brokers[promoted].address
+            brokers[dead] = replica(tmp_path, brokers[promoted], name=f"b{dead}", broker_id=dead,
+                                    replication="sync").start()
+            wait_in_sync(brokers[promoted], broker_id=dead)
+            current = promoted
+        before = len(sender.acked)
+        assert wait_until(lambda: len(sender.acked) >= before + 500, 60), sender.errors
+        sender.stop()
+        acked = set(sender.acked)
+        with AdminClient(brokers[current].address) as admin:
+            stored = sum(hi - lo for lo, hi in admin.queue_ranges(TOPIC))
+        got = consume(brokers[current].address, "auditors", TOPIC, stored, timeout=120)
+        missing = acked - {bytes(item[3]) for item in got.items}
+        assert not missing, f"{len(missing)} acknowledged messages were lost, e.g. {sorted(missing)[:5]}"
+        wait_caught_up(brokers[current], brokers[1 - current])
+    finally:
+        if sender is not None:
+            sender.stop()
+        for b in brokers.values():
+            b.stop()
+    assert _same_stores("file", str(brokers[0].data_dir), str(brokers[1].data_dir)) >= len(acked)
