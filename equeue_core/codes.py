@@ -12,7 +12,7 @@ class Code(IntEnum):
     # Each comment: request header fields (? = optional) + body -> response header + body.
     # The handler named after `@` reads exactly these fields; docs/protocol.md has the full table.
     # producer
-    SEND = 1             # {topic, queue_id, delay_level? | deliver_at? (epoch ms)} + body: records
+    SEND = 1             # {topic, queue_id, delay_level? | deliver_at? (epoch ms), epoch?} + body: records
                          #   -> {queue_id, first_offset, positions, id_prefix}  @ Broker.on_send
     ROUTE = 2            # {topic, create?} -> {topic, queues, broker, id_prefix}  @ Broker.on_route
     # consumer
@@ -40,7 +40,7 @@ class Code(IntEnum):
     DELETE_TOPIC = 26    # {topic} -> {}
     OFFSET_FOR_TIME = 27  # {topic, queue_id, ts_ms} -> {offset}
     BROKER_INFO = 28     # {} -> {address, store, transport, flush, version, data_dir, recovery, stats,
-                         #   held_pulls, scheduler}  @ Broker.on_broker_info
+                         #   held_pulls, replication, scheduler}  @ Broker.on_broker_info
     QUERY_BY_KEY = 29    # {topic, key, max?, scan_limit?} -> {count, scanned} + body: records, newest first
     BROKER_STATS = 30    # {} -> {time, started, address, store, transport, flush, topics, groups, held_pulls,
                          #   connections, scheduled, retention_released_bytes, recovery, latency, disk}

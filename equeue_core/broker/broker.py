@@ -294,6 +294,7 @@ class Broker:
         except CorruptRecordError as e:
             raise InvalidMessageError(f"malformed message batch: {e}") from None
         delayed = self.scheduler.due_time(h)
+        self.replication.check_epoch(h)  # a write stamped with another epoch: not_master
         self.replication.require_in_sync()  # sync replication: not_enough_replicas before storing
         if delayed is not None:
             result = self.scheduler.schedule_batch(topic, queue_id, batch, starts, *delayed)

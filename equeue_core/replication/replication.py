@@ -149,6 +149,20 @@ class Replication:
             raise NotMasterError(f"this broker is a replica; send to its master {where or '(unknown)'}",
                                  master=where)
 
+    def check_epoch(self, header: dict) -> None:
+        """A write may carry the epoch its sender believes current (`epoch` header, set by
+        clients that learn it from the name servers): a different epoch means one of the two is
+        out of date (a fenced old master, or a client with a stale route), and the write is
+        refused with not_master rather than stored on a broker the group has moved past."""
+        epoch = header.get("epoch")
+        if epoch is None:
+            return
+        if not isinstance(epoch, int) or isinstance(epoch, bool):
+            raise ProtocolError("header field 'epoch' must be an integer")
+        if epoch != self.epoch:
+            raise NotMasterError(f"write stamped with epoch {epoch}, this broker is in epoch {self.epoch}",
+                                 master=self.master_address or "", epoch=self.epoch)
+
     def sync_required(self) -> bool:
         return self.is_master and self.config.replication == "sync"
 
