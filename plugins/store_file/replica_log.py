@@ -93,12 +93,18 @@ class FileReplicaLog:
             clog.seal_chunk()
         elif clog.write_pos != end:
             raise StoreError(f"log write position {clog.write_pos} is not its end {end}")
-        new_end = clog.write(bytes(data), copied.start)
-        for run in copied.runs:
-            store.index.add(run.topic, run.queue_id, run.first_offset, run.entries)
-            key = (run.topic, run.queue_id)
-            store._next[key] = run.first_offset + len(run.starts)
-            store._min.setdefault(key, run.first_offset)
+        new_end = clog.write(bytes(data), copied.start)  # on failure nothing was written (StoreError)
+        try:
+            for run in copied.runs:
+                store.index.add(run.topic, run.queue_id, run.first_offset, run.entries)
+                key = (run.topic, run.queue_id)
+                store._next[key] = run.first_offset + len(run.starts)
+                store._min.setdefault(key, run.first_offset)
+        except BaseException as e:
+            # the log holds records part of the index lacks: refuse until a restart, whose
+            # recovery rebuilds the index from the log
+            store._broken = e
+            raise StoreError(f"index write failed after copying records ({e}); the store needs a restart") from e
         store._last_ts = max(store._last_ts, copied.last_store_ts)
         clog.publish(new_end)
         store._flusher.written(new_end)
