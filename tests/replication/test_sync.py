@@ -69,3 +69,13 @@ def test_async_send_is_acknowledged_while_the_replica_is_dead(tmp_path):
         with Producer(m.address) as p:
             results = p.send_batch(_batch(100, "alone"))
         assert [x.queue_offset for x in results] == list(range(100))
+
+
+def test_sync_send_needing_two_replicas_with_one_in_sync_is_refused_before_storing(tmp_path):
+    m = master(tmp_path, replication="sync", min_insync=2)
+    r = replica(tmp_path, m)
+    with m.start(), r.start():
+        wait_in_sync(m)
+        with Producer(m.address) as p, pytest.raises(NotEnoughReplicasError, match="1 in-sync replica.*needs 2"):
+            p.send_batch(_batch(10, "two"))
+        assert status(m)["log_end"] == 0
