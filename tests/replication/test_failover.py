@@ -181,3 +181,18 @@ def test_five_static_failovers_in_a_row_lose_no_acknowledged_sync_send(tmp_path)
         for b in brokers.values():
             b.stop()
     assert _same_stores("file", str(brokers[0].data_dir), str(brokers[1].data_dir)) >= len(acked)
+
+
+@pytest.mark.failure
+def test_a_delayed_message_waiting_when_the_master_dies_is_delivered_by_the_promoted_replica(tmp_path):
+    m = master(tmp_path)
+    r = replica(tmp_path, m)
+    with m.start(), r.start():
+        wait_in_sync(m)
+        with Producer(m.address) as p:
+            p.send(Message(TOPIC, b"later", delay_level=2))  # 5 s
+        wait_caught_up(m, r)
+        m.kill()
+        assert request(r, Code.REPL_PROMOTE)["role"] == "master"
+        got = consume(r.address, "late", TOPIC, 1, timeout=60)
+        assert [bytes(item[3]) for item in got.items] == [b"later"]
