@@ -213,6 +213,10 @@ class ReplicaLog(Protocol):
         """One past the last record stored (and readable through read_log)."""
         ...
 
+    def start_position(self) -> int:
+        """The first position still stored (retention moves it up); end_position() when empty."""
+        ...
+
     def read_log(self, position: int, max_bytes: int) -> bytes:
         """Whole records from `position` on, as stored (stamped position, queue offset, crc), at
         most max_bytes unless the first record alone is larger; b"" at the end. `position` must

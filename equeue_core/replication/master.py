@@ -180,6 +180,15 @@ class Master:
             log.error("replica %d (%s) reports position %d past this master's end %d: its log diverged",
                       broker_id, r.address, position, end)
             raise ReplicaRefusedError(f"position {position} is past this master's log end {end}")
+        start = self.repl.log.start_position()
+        if position < start:
+            # the records the replica needs next are gone; starting it at `start` would leave its
+            # queues without the offsets below (they would be handed out again after a promotion)
+            log.error("replica %d (%s) needs position %d, below this master's log start %d (deleted by "
+                      "retention)", broker_id, r.address, position, start)
+            raise ReplicaRefusedError(f"position {position} is below this master's log start {start} (deleted "
+                                      "by retention): seed this replica from a copy of the master's data "
+                                      "directory")
         r.acked, r.last_seen, r.connected = position, time.monotonic(), True
         self._settle()
         data = self.repl.log.read_log(position, max_bytes)

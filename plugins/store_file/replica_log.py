@@ -35,6 +35,10 @@ class FileReplicaLog:
     def end_position(self) -> int:
         return self.store.log.published_end
 
+    def start_position(self) -> int:
+        clog = self.store.log
+        return min(clog.start, clog.published_end)
+
     # ------------------------------------------------------------ master side (any thread)
     def read_log(self, position: int, max_bytes: int) -> bytes:
         store = self.store

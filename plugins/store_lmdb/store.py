@@ -216,6 +216,9 @@ class LmdbMessageStore:
     def end_position(self) -> int:
         return self._next
 
+    def start_position(self) -> int:
+        return min(self._min, self._next)
+
     def read_log(self, position: int, max_bytes: int) -> bytes:
         end = self._next
         with self.env.begin(buffers=True) as txn:

@@ -225,6 +225,9 @@ class RocksMessageStore:
     def end_position(self) -> int:
         return self._next
 
+    def start_position(self) -> int:
+        return min(self._min, self._next)
+
     def read_log(self, position: int, max_bytes: int) -> bytes:
         return replica.read_log(RocksOps(self.shared), position, max_bytes, self._next)
 

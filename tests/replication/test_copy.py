@@ -11,8 +11,9 @@ from equeue_core.client.message import Message
 from equeue_core.client.producer import Producer
 from equeue_core.errors import NotMasterError
 from tests.conformance.stores.kit import open_store
+from tests.helpers.waiting import wait_until
 
-from .group import master, replica, status, wait_caught_up, wait_in_sync
+from .group import log_text, master, replica, status, wait_caught_up, wait_in_sync
 
 TOPIC = "orders"
 
@@ -142,3 +143,24 @@ def test_a_replica_copies_from_a_tls_master_with_the_client_tls_settings(tmp_pat
         wait_caught_up(m, r)
         assert status(r)["master_address"].startswith("tls://")
     assert _same_stores("file", str(m.data_dir), str(r.data_dir)) == 2000
+
+
+def test_an_empty_replica_of_a_master_whose_first_chunks_retention_deleted_is_refused_clearly(tmp_path):
+    """Starting it at the retained start would leave its queues without the offsets below: after
+    a promotion they would be handed out again. So it is refused, with the way out in the log."""
+    small = "max_frame_size = 65000\nmax_body_size = 16384\n[store_options.file]\nchunk_size = 65536\n"
+    mcfg, rcfg = tmp_path / "m.toml", tmp_path / "r.toml"
+    mcfg.write_text('retention_hours = 0.0002\nretention_policy = "time"\nretention_check_s = 0.3\n' + small)
+    rcfg.write_text(small)
+    m = master(tmp_path)
+    m.config = str(mcfg)
+    with m.start():
+        _send(m.address, 6000, batch=200)
+        chunks = os.path.join(m.data_dir, "commitlog")
+        assert wait_until(lambda: min(int(n) for n in os.listdir(chunks)) > 0, 30, 0.2)
+        r = replica(tmp_path, m)
+        r.config = str(rcfg)
+        with r.start():
+            assert wait_until(lambda: "seed this replica from a copy" in log_text(r), 30, 0.2), log_text(r)
+            assert "below this master's log start" in log_text(m)
+            assert status(r)["log_end"] == 0
