@@ -48,3 +48,40 @@ def test_offsets_committed_on_a_replica_while_the_master_is_down_reach_the_maste
         assert wait_until(lambda: _committed(r.address) == 160, 30, 0.2)
         m.start()
         assert wait_until(lambda: _committed(m.address) == 160, 30, 0.2), _committed(m.address)
+
+
+def test_a_consumer_on_a_replica_receives_new_messages_as_they_are_copied(tmp_path):
+    import threading
+
+    from equeue_core.client.consumer import Consumer
+    from tests.helpers.consume import Collector
+
+    m = master(tmp_path)
+    r = replica(tmp_path, m)
+    with m.start(), r.start():
+        wait_in_sync(m)
+        with Producer(m.address) as p:
+            p.send_batch([Message(TOPIC, b"seed")])  # the topic exists on both
+        wait_caught_up(m, r)
+        assert wait_until(lambda: _topic_known(r.address), 30, 0.2)
+        col = Collector(201)
+        # pulls held for 60 s: the copies must wake them (within the 30 s wait below)
+        c = Consumer("tail", r.address, consume_from="first", hold_ms=60_000)
+        c.subscribe(TOPIC)
+        c.start(col)
+        try:
+            stop = threading.Event()
+            stop.wait(1.0)  # the consumer's pulls are held on the replica now
+            with Producer(m.address) as p:
+                for k in range(4):
+                    p.send_batch([Message(TOPIC, f"live-{k}-{i}".encode()) for i in range(50)])
+            assert col.wait(30), len(col.items)
+        finally:
+            c.close()
+        assert sorted(bytes(x[3]) for x in col.items if bytes(x[3]) != b"seed") == \
+            sorted(f"live-{k}-{i}".encode() for k in range(4) for i in range(50))
+
+
+def _topic_known(address: str) -> bool:
+    with AdminClient(address) as admin:
+        return TOPIC in admin.topics()
