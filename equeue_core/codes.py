@@ -12,7 +12,7 @@ class Code(IntEnum):
     # Each comment: request header fields (? = optional) + body -> response header + body.
     # The handler named after `@` reads exactly these fields; docs/protocol.md has the full table.
     # producer
-    SEND = 1             # {topic, queue_id, delay_level? | deliver_at? (epoch ms)} + body: records
+    SEND = 1             # {topic, queue_id, delay_level? | deliver_at? (epoch ms), epoch?} + body: records
                          #   -> {queue_id, first_offset, positions, id_prefix}  @ Broker.on_send
     ROUTE = 2            # {topic, create?} -> {topic, queues, broker, id_prefix}  @ Broker.on_route
     # consumer
@@ -40,7 +40,7 @@ class Code(IntEnum):
     DELETE_TOPIC = 26    # {topic} -> {}
     OFFSET_FOR_TIME = 27  # {topic, queue_id, ts_ms} -> {offset}
     BROKER_INFO = 28     # {} -> {address, store, transport, flush, version, data_dir, recovery, stats,
-                         #   held_pulls, scheduler}  @ Broker.on_broker_info
+                         #   held_pulls, replication, scheduler}  @ Broker.on_broker_info
     QUERY_BY_KEY = 29    # {topic, key, max?, scan_limit?} -> {count, scanned} + body: records, newest first
     BROKER_STATS = 30    # {} -> {time, started, address, store, transport, flush, topics, groups, held_pulls,
                          #   connections, scheduled, retention_released_bytes, recovery, latency, disk}
@@ -54,6 +54,16 @@ class Code(IntEnum):
     GET_CLUSTER_INFO = 43   # {} -> {clusters: {cluster: [names]}, brokers: [{cluster, name, address, topics,
                             #   data_version, heartbeat_age_s, registered_age_s}]}
     NAMESERVER_INFO = 44    # {} -> {address, transport, version, expiry_s, brokers, stats: {counter: int}}
+    # replication (docs/replication.md); a replica asks its master, an admin asks any broker
+    REPL_HELLO = 50         # {cluster, name, broker_id, epoch, address} -> {cluster, name, broker_id, epoch,
+                            #   log_end, epochs}; replica_refused for another group  @ Master.on_hello
+    REPL_FETCH = 51         # {broker_id, position, max_bytes?, wait_ms?} -> {end, epoch, epochs?} + body:
+                            #   records from position (position = the replica's end: its ack)
+    REPL_EPOCHS = 52        # {} -> {epochs: [[epoch, start]...], log_end}
+    REPL_SYNC_META = 53     # {broker_id, offsets: [[group, topic, queue_id, offset]...]} -> {topics, offsets}
+    REPL_STATUS = 54        # {} -> ReplicationStatus.to_dict()
+    REPL_PROMOTE = 55       # {epoch?} -> status: become master (static failover by hand)
+    REPL_DEMOTE = 56        # {master, epoch} -> status: become a replica of master
 
 
 class PullStatus:

@@ -81,6 +81,13 @@ class Config:
     link_tls_key: str = ""
     link_curve_server_key: str = ""  # Z85 text or key file of the name servers' public key
     link_curve_secret_key: str = ""  # this link's own key pair; "" = zmq_curve_secret_key_file
+    # replication (docs/replication.md)
+    role: str = "master"  # static mode: "master" | "replica"
+    master_address: str = ""  # a replica's master, "host:port" or "tls://host:port"
+    broker_id: int = 0  # unique within the broker group (same cluster and broker_name)
+    replication: str = "async"  # "async": answer after the master stored; "sync": after min_insync replicas did
+    min_insync: int = 1  # sync replication: replicas that must have a send's bytes before it is answered
+    replica_max_lag_bytes: int = 256 * MiB  # a replica further behind leaves the in-sync set
     store_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def authorizer_name(self) -> str:
@@ -172,6 +179,14 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("config acl = true needs acl_file (the TOML file of [[accounts]])")
     if cfg.acl_window_s <= 0 or cfg.acl_reload_s <= 0:
         raise ConfigError("config acl_window_s and acl_reload_s must be positive")
+    if cfg.role not in ("master", "replica"):
+        raise ConfigError(f"config role: {cfg.role!r} must be 'master' or 'replica'")
+    if cfg.role == "replica" and not cfg.master_address and not getattr(cfg, "controller", False):
+        raise ConfigError("config role = 'replica' needs master_address (--master HOST:PORT)")
+    if cfg.replication not in ("async", "sync"):
+        raise ConfigError(f"config replication: {cfg.replication!r} must be 'async' or 'sync'")
+    if cfg.min_insync < 1 or cfg.broker_id < 0 or cfg.replica_max_lag_bytes <= 0:
+        raise ConfigError("config min_insync must be >= 1, broker_id >= 0 and replica_max_lag_bytes > 0")
     if cfg.nameserver:
         from equeue_core.nameserver.addresses import parse_nameservers
 

@@ -216,3 +216,22 @@ class AccessDeniedError(EQueueError):
     """The broker's authorizer refused the request (unsigned, bad signature, replay, no right)."""
 
     code = "access_denied"
+
+
+class NotMasterError(EQueueError):
+    """A write reached a broker that is a replica (detail `master`: the master's address, if known)."""
+
+    code = "not_master"
+
+
+class NotEnoughReplicasError(EQueueError):
+    """A sync-replicated send found fewer in-sync replicas than min_insync, or they did not
+    acknowledge in time (details `in_sync`, `min_insync`)."""
+
+    code = "not_enough_replicas"
+
+
+class ReplicaRefusedError(EQueueError):
+    """A master refused a replica: another broker group, or an epoch ahead of the master's."""
+
+    code = "replica_refused"
