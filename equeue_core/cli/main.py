@@ -34,6 +34,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
                  "store": args.store, "transport": args.transport, "metrics_host": args.metrics_host,
                  "metrics_port": args.metrics_port, "log_format": args.log_format,
                  "nameserver": args.nameserver, "broker_name": args.name, "cluster": args.cluster,
+                 "broker_id": args.broker_id, "controller": True if args.controller else None,
                  "acl_file": args.acl_file, "acl": True if args.acl_file else None,
                  "tls_server_cert": args.tls_cert, "tls_server_key": args.tls_key,
                  "tls_client_ca": args.tls_ca}
@@ -106,7 +107,9 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
     from equeue_core.nameserver.server import NameServer
 
     cfg = config_mod.load(args.config, {"host": args.host, "port": args.port, "transport": args.transport,
-                                        "nameserver_metrics_port": args.metrics_port})
+                                        "nameserver_metrics_port": args.metrics_port,
+                                        "controller_peers": args.controller_peers,
+                                        "controller_port": args.controller_port})
     logs.configure(cfg.log_format)
 
     async def main() -> None:
@@ -121,6 +124,8 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
         print(f"  broker_expiry_s {cfg.broker_expiry_s:g} (routes live in memory only)", flush=True)
         if server.metrics_address:
             print(f"  metrics   http://{server.metrics_address[0]}:{server.metrics_address[1]}/metrics", flush=True)
+        if server.controller is not None:
+            print(f"  controller raft {server.controller.self_address} of {cfg.controller_peers}", flush=True)
         try:
             await stop.wait()
         finally:
@@ -408,6 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--nameserver", help="join a cluster: name servers host:port[,host:port...]")
     b.add_argument("--name", help="broker name in its cluster (default <hostname>-<port>)")
     b.add_argument("--cluster", help="cluster name (default DefaultCluster)")
+    b.add_argument("--broker-id", type=int, help="this broker's id in its group (brokers sharing --name; default 0)")
+    b.add_argument("--controller", action="store_true",
+                   help="let the name servers' controller choose master or replica (needs --nameserver)")
     b.add_argument("--acl-file", help="turn ACLs on with this TOML file of [[accounts]] (docs/security.md)")
     b.add_argument("--tls-cert", help="serve TLS with this PEM certificate (with --tls-key)")
     b.add_argument("--tls-key", help="the PEM private key of --tls-cert")
@@ -421,6 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
     ns.add_argument("--transport", help="transport plugin name (tcp, zmq)")
     ns.add_argument("--metrics-port", type=int,
                     help="port of the Prometheus endpoint (default 9878, 0 = off; host: metrics_host)")
+    ns.add_argument("--controller-peers", help="run the controller: every name server's Raft host:port, "
+                    "comma-separated, this one included (docs/controller.md)")
+    ns.add_argument("--controller-port", type=int, help="this name server's Raft port (one of --controller-peers)")
     ns.set_defaults(fn=cmd_nameserver)
 
     cl = sub.add_parser("cluster", help="brokers registered with the name servers, or one topic's route")

@@ -45,7 +45,11 @@ def families(snap: dict[str, Any]) -> Iterator[Metric]:
                             "Seconds since each live broker last registered.", labels=["cluster", "broker"])
     topics = GaugeMetricFamily("equeue_nameserver_broker_topics", "Topics each live broker registered.",
                                labels=["cluster", "broker"])
-    for b in snap["brokers"]:
+    seen: set[tuple[str, str]] = set()
+    for b in snap["brokers"]:  # one sample per group (its lowest broker id): the labels name no broker id
+        if (b["cluster"], b["name"]) in seen:
+            continue
+        seen.add((b["cluster"], b["name"]))
         age.add_metric([b["cluster"], b["name"]], b["heartbeat_age_s"])
         topics.add_metric([b["cluster"], b["name"]], b["topics"])
     yield age

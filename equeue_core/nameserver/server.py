@@ -19,13 +19,23 @@ from equeue_core.codes import Code
 from equeue_core.config import Config
 from equeue_core.contracts import ServerConnection, TransportSettings
 from equeue_core.dispatch import Handler, dispatch, header_int, header_str
-from equeue_core.errors import ConfigError, ProtocolError
+from equeue_core.errors import ConfigError, NoControllerError, ProtocolError
 from equeue_core.frame import Frame
 from equeue_core.nameserver.registry import RouteRegistry
 from equeue_core.nameserver.routes import check_broker_name, topics_from_wire
 from equeue_core.plugins import PluginManager, get_plugin_manager
 
 log = logging.getLogger("equeue.nameserver")
+
+
+def optional_int(header: dict, key: str, default: int = 0) -> int:
+    """An optional non-negative integer header field (absent: `default`; ProtocolError if malformed)."""
+    if key not in header:
+        return default
+    v = header_int(header, key)
+    if v < 0:
+        raise ProtocolError(f"header field {key!r} must not be negative")
+    return v
 
 
 def sweep_interval(expiry_s: float) -> float:
@@ -50,6 +60,16 @@ class NameServer:
             Code.GET_CLUSTER_INFO: self.on_cluster_info,
             Code.NAMESERVER_INFO: self.on_info,
         }
+        self.controller: Any = None  # a Controller when config.controller_peers is set (docs/controller.md)
+        if config.controller_peers:
+            from equeue_core.controller.service import Controller
+
+            self.controller = Controller(config)
+            self.registry.master_of = self.controller.master_of
+            self._handlers.update(self.controller.handlers)
+        else:
+            self._handlers.update(dict.fromkeys((Code.CONTROLLER_HEARTBEAT, Code.CONTROLLER_INFO, Code.ELECT_MASTER),
+                                                self.on_no_controller))
 
     async def start(self) -> None:
         cfg = self.config
@@ -59,6 +79,8 @@ class NameServer:
         self._server = await transport.serve(cfg.host, cfg.port, self, settings)
         self.address = tuple(self._server.address)[:2]  # type: ignore[assignment]
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+        if self.controller is not None:
+            self.controller.start()
         if cfg.nameserver_metrics_port:
             from equeue_core.broker.prometheus import MetricsEndpoint
             from equeue_core.nameserver import metrics
@@ -82,6 +104,8 @@ class NameServer:
         if self.metrics_endpoint is not None:
             await asyncio.to_thread(self.metrics_endpoint.close)
             self.metrics_endpoint = None
+        if self.controller is not None:
+            await self.controller.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
@@ -101,6 +125,8 @@ class NameServer:
 
     def connection_lost(self, conn: ServerConnection) -> None:
         self.registry.connection_lost(conn.id)
+        if self.controller is not None:
+            self.controller.connection_lost(conn.id)
 
     # ------------------------------------------------------------ requests
 
@@ -121,12 +147,21 @@ class NameServer:
         h = frame.header
         cluster, name, address = self._broker_key(h)
         topics = topics_from_wire(h.get("topics"))
-        self.registry.register(cluster, name, address, topics, header_int(h, "data_version"), conn.id)
+        role = h.get("role", "master")
+        if role not in ("master", "replica"):
+            raise ProtocolError(f"header field 'role' must be 'master' or 'replica', not {role!r}")
+        self.registry.register(cluster, name, address, topics, header_int(h, "data_version"), conn.id,
+                               optional_int(h, "broker_id"), role, optional_int(h, "epoch"),
+                               optional_int(h, "log_end"))
         return frame.response({"cluster": cluster, "name": name, "expiry_s": self.registry.expiry_s})
 
     async def on_unregister(self, conn: ServerConnection, frame: Frame) -> Frame | None:
         removed = self.registry.unregister(*self._broker_key(frame.header))
         return None if frame.is_oneway else frame.response({"removed": removed})
+
+    async def on_no_controller(self, conn: ServerConnection, frame: Frame) -> Frame:
+        raise NoControllerError(f"name server {self.address[0]}:{self.address[1]} runs no controller "
+                                "(start it with --controller-peers and --controller-port)")
 
     async def on_get_route(self, conn: ServerConnection, frame: Frame) -> Frame:
         return frame.response(self.registry.route(header_str(frame.header, "topic")).to_wire())
