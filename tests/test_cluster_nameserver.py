@@ -196,7 +196,7 @@ def test_second_broker_with_a_taken_name_exits_with_one_line(tmp_path):
         assert done.returncode == 1
         assert one_line_error(done.stderr) == (
             f"equeue: broker name 'dup' in cluster 'c1' is taken by {first.address}; "
-            f"give {second.address} another --name")
+            f"give {second.address} another --name or another --broker-id than 0")
         for ns in (ns1, ns2):
             with NameServerClient(ns.address) as client:
                 assert [(b.name, b.address) for b in client.cluster_info().brokers] == [("dup", first.address)]
