@@ -352,23 +352,33 @@ def cmd_console(args: argparse.Namespace) -> int:
 def cmd_cluster(args: argparse.Namespace) -> int:
     from equeue_core.client.nameserver import NameServerClient
 
+    if args.action == "failover":
+        from equeue_core.cli.cluster import failover
+
+        return failover(args)
     with NameServerClient(args.nameserver) as ns:
         if args.topic:
             route = ns.get_route(args.topic)
-            rows = [[b.cluster, b.name, b.address, b.queues, ("r" if b.readable else "-") + ("w" if b.writable else "-")]
-                    for b in route.brokers]
-            print(_table(rows, ["cluster", "broker", "address", "queues", "perm"]))
+            rows = [[b.cluster, b.name, b.address, b.queues, ("r" if b.readable else "-") + ("w" if b.writable else "-"),
+                     " ".join(b.replicas) or "-"] for b in route.brokers]
+            print(_table(rows, ["cluster", "broker", "address", "queues", "perm", "replicas"]))
             return 0
-        info = ns.cluster_info()
-        if args.json:
-            print(json.dumps(info.to_wire(), indent=2))
-            return 0
-        from equeue_core.cli.cluster import rate_cells, rates
+        from equeue_core.cli.cluster import GROUP_HEADER, controller_view, group_rows, rate_cells, rates
 
+        info = ns.cluster_info()
+        controller = controller_view(ns)
+        if args.json:
+            print(json.dumps({**info.to_wire(), **({"controller": controller} if controller else {})}, indent=2))
+            return 0
         per_s = rates(args.nameserver, args.interval) if args.interval > 0 else {}
-        rows = [[b.cluster, b.name, b.address, "master", b.topics, f"{b.heartbeat_age_s:.1f}s",
-                 *rate_cells(per_s, b.name)] for b in info.brokers]
-        print(_table(rows, ["cluster", "broker", "address", "role", "topics", "last heartbeat", "in/s", "out/s"]))
+        fronts = {(b.cluster, b.name, b.broker_id) for b in info.fronts()}
+        rows = [[b.cluster, b.name, b.broker_id, b.address, b.role, b.epoch, b.topics, f"{b.heartbeat_age_s:.1f}s",
+                 *(rate_cells(per_s, b.name) if (b.cluster, b.name, b.broker_id) in fronts else ["-", "-"])]
+                for b in info.brokers]
+        print(_table(rows, ["cluster", "broker", "id", "address", "role", "epoch", "topics", "last heartbeat",
+                            "in/s", "out/s"]))
+        print()
+        print(_table(group_rows(info, controller), GROUP_HEADER))
     return 0
 
 
@@ -434,8 +444,14 @@ def build_parser() -> argparse.ArgumentParser:
     ns.add_argument("--controller-port", type=int, help="this name server's Raft port (one of --controller-peers)")
     ns.set_defaults(fn=cmd_nameserver)
 
-    cl = sub.add_parser("cluster", help="brokers registered with the name servers, or one topic's route")
+    cl = sub.add_parser("cluster", help="brokers and groups (master, replicas, epoch, in-sync, lag), one topic's "
+                        "route, or `failover --group G --to ID`")
+    cl.add_argument("action", nargs="?", choices=["failover"],
+                    help="failover: move a group's mastership by hand to an in-sync member (docs/controller.md)")
     cl.add_argument("--nameserver", required=True, help="host:port[,host:port...]")
+    cl.add_argument("--group", help="failover: the broker group (broker name)")
+    cl.add_argument("--to", type=int, help="failover: the broker id to make master (default: the best in-sync one)")
+    cl.add_argument("--cluster", help="failover: the group's cluster (needed if the name is in several)")
     cl.add_argument("--topic", help="show this topic's route (brokers and queue counts)")
     cl.add_argument("--json", action="store_true")
     cl.add_argument("--interval", type=float, default=1.0,

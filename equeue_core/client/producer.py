@@ -27,6 +27,7 @@ from equeue_core.codes import Code
 from equeue_core.errors import (
     BrokerBusyError,
     ClientClosedError,
+    EQueueError,
     InvalidMessageError,
     TopicNotFoundError,
     TransportError,
@@ -289,7 +290,17 @@ class AsyncProducer:
                 conn = await self._router.connection(queue.broker)
                 resp = await conn.request(Code.SEND, {"topic": topic, "queue_id": queue.queue_id, **extra},
                                           body, self.send_timeout)
-            except TransportError as e:
+            except EQueueError as e:
+                if not isinstance(e, TransportError) and e.code != "not_master":
+                    raise
+                if e.code == "not_master":  # a failover moved the group's master: follow the route to it
+                    tried.append(queue.broker)
+                    errors.append(f"{queue.broker}: {e}")
+                    if len(tried) > self.retries:
+                        raise
+                    await asyncio.sleep(0.2 * len(tried))
+                    queue = await self._retry_queue(topic, queue, [], True)
+                    continue
                 self._fault.failed(queue.broker)
                 await self._router.forget_connection(queue.broker)
                 tried.append(queue.broker)

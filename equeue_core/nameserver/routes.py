@@ -130,6 +130,17 @@ class ClusterInfo:
                 names.append(b.name)
         return out
 
+    def fronts(self) -> list[BrokerSummary]:
+        """One member per broker group, the one an admin call goes to: the member registered as
+        master (the highest epoch if several say so), else the lowest broker id."""
+        best: dict[tuple[str, str], BrokerSummary] = {}
+        for b in self.brokers:
+            cur = best.get((b.cluster, b.name))
+            if cur is None or (b.role == "master", b.epoch, -b.broker_id) > (cur.role == "master", cur.epoch,
+                                                                            -cur.broker_id):
+                best[(b.cluster, b.name)] = b
+        return sorted(best.values(), key=lambda b: (b.cluster, b.name))
+
     def to_wire(self) -> dict[str, Any]:
         return {"clusters": self.clusters, "brokers": [b.to_wire() for b in self.brokers]}
 
