@@ -54,6 +54,16 @@ class Code(IntEnum):
     GET_CLUSTER_INFO = 43   # {} -> {clusters: {cluster: [names]}, brokers: [{cluster, name, address, topics,
                             #   data_version, heartbeat_age_s, registered_age_s}]}
     NAMESERVER_INFO = 44    # {} -> {address, transport, version, expiry_s, brokers, stats: {counter: int}}
+    # replication (docs/replication.md); a replica asks its master, an admin asks any broker
+    REPL_HELLO = 50         # {cluster, name, broker_id, epoch, address} -> {cluster, name, broker_id, epoch,
+                            #   log_end, epochs}; replica_refused for another group  @ Master.on_hello
+    REPL_FETCH = 51         # {broker_id, position, max_bytes?, wait_ms?} -> {end, epoch, epochs?} + body:
+                            #   records from position (position = the replica's end: its ack)
+    REPL_EPOCHS = 52        # {} -> {epochs: [[epoch, start]...], log_end}
+    REPL_SYNC_META = 53     # {broker_id, offsets: [[group, topic, queue_id, offset]...]} -> {topics, offsets}
+    REPL_STATUS = 54        # {} -> ReplicationStatus.to_dict()
+    REPL_PROMOTE = 55       # {epoch?} -> status: become master (static failover by hand)
+    REPL_DEMOTE = 56        # {master, epoch} -> status: become a replica of master
     # controller (equeue nameserver --controller-peers; docs/controller.md); codes 50-59 are replication's
     CONTROLLER_HEARTBEAT = 60  # {cluster, name, broker_id, address, role, epoch, log_end, master_address?,
                                #   in_sync?: [ids], replicas?: {id: {lag_bytes, ...}}}

@@ -55,7 +55,6 @@ class Config:
     register_interval_s: float = 30.0
     broker_expiry_s: float = 120.0  # name server: drop a broker silent this long
     nameserver_metrics_port: int = 9878  # name server: Prometheus endpoint port (0 = off), on metrics_host
-    broker_id: int = 0  # a broker's id in its group (brokers sharing broker_name); docs/replication.md
     controller: bool = False  # broker: let the name servers' controller choose master/replica (docs/controller.md)
     controller_heartbeat_s: float = 1.0  # broker: how often it reports its replication status to the controller
     controller_peers: str = ""  # name server: Raft peers "host:port,..." (all, itself included); "" = no controller
@@ -76,6 +75,13 @@ class Config:
     authorizer: str = ""  # authorizer plugin by name; "" = "acl" when acl is on, else none
     acl_window_s: float = 60.0  # signed requests older/newer than this are refused
     acl_reload_s: float = 2.0  # how often the ACL file's mtime is checked
+    # replication (docs/replication.md)
+    role: str = "master"  # static mode: "master" | "replica"
+    master_address: str = ""  # a replica's master, "host:port" or "tls://host:port"
+    broker_id: int = 0  # unique within the broker group (same cluster and broker_name)
+    replication: str = "async"  # "async": answer after the master stored; "sync": after min_insync replicas did
+    min_insync: int = 1  # sync replication: replicas that must have a send's bytes before it is answered
+    replica_max_lag_bytes: int = 256 * MiB  # a replica further behind leaves the in-sync set
     store_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def authorizer_name(self) -> str:
@@ -162,13 +168,20 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("config acl = true needs acl_file (the TOML file of [[accounts]])")
     if cfg.acl_window_s <= 0 or cfg.acl_reload_s <= 0:
         raise ConfigError("config acl_window_s and acl_reload_s must be positive")
+    if cfg.role not in ("master", "replica"):
+        raise ConfigError(f"config role: {cfg.role!r} must be 'master' or 'replica'")
+    if cfg.role == "replica" and not cfg.master_address and not getattr(cfg, "controller", False):
+        raise ConfigError("config role = 'replica' needs master_address (--master HOST:PORT)")
+    if cfg.replication not in ("async", "sync"):
+        raise ConfigError(f"config replication: {cfg.replication!r} must be 'async' or 'sync'")
+    if cfg.min_insync < 1 or cfg.broker_id < 0 or cfg.replica_max_lag_bytes <= 0:
+        raise ConfigError("config min_insync must be >= 1, broker_id >= 0 and replica_max_lag_bytes > 0")
     if cfg.nameserver:
         from equeue_core.nameserver.addresses import parse_nameservers
 
         parse_nameservers(cfg.nameserver)
-    if cfg.broker_id < 0 or cfg.controller_heartbeat_s <= 0 or cfg.controller_master_timeout_s <= 0:
-        raise ConfigError("config broker_id must be >= 0; controller_heartbeat_s and controller_master_timeout_s "
-                          "must be positive")
+    if cfg.controller_heartbeat_s <= 0 or cfg.controller_master_timeout_s <= 0:
+        raise ConfigError("config controller_heartbeat_s and controller_master_timeout_s must be positive")
     if cfg.controller and not cfg.nameserver:
         raise ConfigError("config controller = true (--controller) needs nameserver (--nameserver): "
                           "the controller runs in the name servers")

@@ -201,6 +201,40 @@ class SchedulerProgress(Protocol):
 
 
 @runtime_checkable
+class ReplicaLog(Protocol):
+    """The message store's log as raw bytes, for master/replica replication (docs/replication.md).
+
+    A position is the store's own record position (a byte offset of its log). A replica stores
+    the records exactly as the master stamped them: same positions, queue offsets and crc, so a
+    record has one identity in the whole broker group. Writer-thread methods (append_log,
+    truncate_log) run on the store's single writer, never beside MessageStore.append."""
+
+    def end_position(self) -> int:
+        """One past the last record stored (and readable through read_log)."""
+        ...
+
+    def read_log(self, position: int, max_bytes: int) -> bytes:
+        """Whole records from `position` on, as stored (stamped position, queue offset, crc), at
+        most max_bytes unless the first record alone is larger; b"" at the end. `position` must
+        be a record start or the end; the store may skip its own padding there (the file store's
+        end-of-chunk marker): the first record's stamped position says where the bytes start.
+        StoreError if position is not a record boundary or no longer stored."""
+        ...
+
+    def append_log(self, position: int, data: bytes | bytearray | memoryview) -> int:
+        """Store records read by another store's read_log(position, ...): `position` must be
+        this store's end_position() (else StoreError: a gap or an overlap), every record must
+        verify and continue its queue's offsets. Indexes them; returns the new end position,
+        durable once MessageStore.wait_flushed(end) resolves."""
+        ...
+
+    def truncate_log(self, position: int) -> None:
+        """Drop every record at and after position (a record boundary), with its index entries,
+        durably before returning; the queues end where their last kept record ends."""
+        ...
+
+
+@runtime_checkable
 class StoreEngine(Protocol):
     """One store plugin's parts on one data directory, opened together by its factory (which
     recovers after a crash and takes the data directory's single-writer lock: a second writer,
@@ -214,6 +248,7 @@ class StoreEngine(Protocol):
     offsets: ConsumerOffsets
     topics: TopicDefinitions
     schedule: SchedulerProgress
+    replica_log: ReplicaLog  # the log as raw bytes, for replication
 
     def close(self) -> None:
         """Persist offsets, flush, leave a clean-shutdown mark, release files and the lock.

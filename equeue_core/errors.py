@@ -211,6 +211,25 @@ class AccessDeniedError(EQueueError):
     code = "access_denied"
 
 
+class NotMasterError(EQueueError):
+    """A write reached a broker that is a replica (detail `master`: the master's address, if known)."""
+
+    code = "not_master"
+
+
+class NotEnoughReplicasError(EQueueError):
+    """A sync-replicated send found fewer in-sync replicas than min_insync, or they did not
+    acknowledge in time (details `in_sync`, `min_insync`)."""
+
+    code = "not_enough_replicas"
+
+
+class ReplicaRefusedError(EQueueError):
+    """A master refused a replica: another broker group, or an epoch ahead of the master's."""
+
+    code = "replica_refused"
+
+
 class NoControllerError(EQueueError):
     """The name server runs no controller (it was started without --controller-peers)."""
 

@@ -45,11 +45,14 @@ from equeue_core.errors import (
 from equeue_core.export import BROKER_INFO
 from equeue_core.frame import Frame
 from equeue_core.plugins import PluginManager, get_plugin_manager
+from equeue_core.replication.replication import Replication
 from equeue_core.threads import run_to_end
 
 log = logging.getLogger("equeue.broker")
 
 Handler = Callable[[ServerConnection, Frame], Awaitable[Frame | None]]
+# Requests a replica refuses with not_master (Broker.append refuses the scheduler's writes too).
+WRITE_CODES = frozenset({Code.SEND, Code.SEND_BACK, Code.CREATE_TOPIC, Code.DELETE_TOPIC})
 
 
 def _int(header: dict, key: str, default: Any = ...) -> int:
@@ -80,6 +83,9 @@ class Broker:
         self.stats = {"received": 0, "pulled": 0}
         self.registrar = None  # a BrokerRegistrar when config.nameserver names a cluster's name servers
         self.access = None  # an AccessGate when an authorizer is configured (docs/security.md)
+        self.replication: Replication | None = None  # master/replica role (docs/replication.md)
+        self._scheduler_task: asyncio.Task | None = None  # runs on a master only
+        self._scheduler_stale = False  # was stopped as a replica: reload it from the store when master again
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -104,6 +110,7 @@ class Broker:
         self.scheduler = Scheduler(self)
         self.retention = RetentionCleaner(self, cfg.retention_hours, cfg.retention_policy, cfg.retention_check_s,
                                           cfg.disk_high_water)
+        self.replication = Replication(self)
         transport = self.plugins.transport(cfg.transport)
         tsettings = TransportSettings(max_frame_size=cfg.max_frame_size,
                                       frame_read_timeout=cfg.frame_read_timeout_s,
@@ -126,11 +133,28 @@ class Broker:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._persist_offsets_forever()))
         self._tasks.append(loop.create_task(self.groups.expire_forever()))
-        self._tasks.append(loop.create_task(self.scheduler.run_forever()))
         self._tasks.append(loop.create_task(self.retention.run_forever()))
+        await self.replication.start()  # a master starts the scheduler (role_changed)
         if cfg.nameserver:
             await self._join_cluster()
         self.started.set()
+
+    def role_changed(self, master: bool) -> None:
+        """Replication switched this broker's role: only a master delivers delayed messages (a
+        replica's copies of them arrive through the log). A scheduler stopped as a replica is
+        rebuilt from the store when master again, as at a start."""
+        if master and self._scheduler_task is None:
+            if self._scheduler_stale:
+                self.scheduler = Scheduler(self)
+                self._handlers.update(self.scheduler.handlers())
+                self._scheduler_stale = False
+            self._scheduler_task = asyncio.get_running_loop().create_task(self.scheduler.run_forever())
+        elif not master and self._scheduler_task is not None:
+            self._scheduler_task.cancel()
+            self._scheduler_task = None
+            self._scheduler_stale = True
+        elif not master:
+            self._scheduler_stale = True
 
     async def _join_cluster(self) -> None:
         """Register with the name servers (docs/cluster.md); a refused name stops the broker cleanly."""
@@ -167,9 +191,12 @@ class Broker:
         """Stop serving, answer held pulls, persist offsets, flush and close the store."""
         if self.registrar is not None:
             await self.registrar.stop()
-        for t in self._tasks:
+        if self.replication is not None:
+            await self.replication.stop()
+        tasks = self._tasks + ([self._scheduler_task] if self._scheduler_task is not None else [])
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self.hold.wake_all()
         if self._server is not None:
             await self._server.close()
@@ -189,6 +216,8 @@ class Broker:
                 raise ProtocolError("frame header must be a map")
             if self.access is not None:
                 self.access.check(conn, frame)
+            if frame.code in WRITE_CODES:
+                self.replication.check_writable()  # a replica refuses writes: not_master
             return await handler(conn, frame)
         except EQueueError as e:
             if frame.is_oneway:
@@ -205,6 +234,8 @@ class Broker:
 
     def connection_lost(self, conn: ServerConnection) -> None:
         self.groups.connection_lost(conn)
+        if self.replication is not None:
+            self.replication.connection_lost(conn.id)
 
     def _register_handlers(self) -> None:
         self._handlers = {
@@ -226,13 +257,16 @@ class Broker:
         self._handlers.update(self.groups.handlers())
         self._handlers.update(self.scheduler.handlers())
         self._handlers.update(self.metrics.handlers())
+        self._handlers.update(self.replication.handlers())
 
     # ------------------------------------------------------------------ storing
 
     def append(self, topic: str, queue_id: int, batch: bytearray, starts: list[int]):
         """Store a validated batch and wake pulls held on its queue. Synchronous: arrival order
-        of send requests is store order."""
+        of send requests is store order. NotMasterError on a replica."""
+        self.replication.check_writable()
         result = self.store.append(topic, queue_id, batch, starts)
+        self.replication.appended()
         self.stats["received"] += len(starts)
         self.metrics.stored(topic, len(starts), len(batch))
         self.hold.notify(topic, queue_id)
@@ -260,11 +294,13 @@ class Broker:
         except CorruptRecordError as e:
             raise InvalidMessageError(f"malformed message batch: {e}") from None
         delayed = self.scheduler.due_time(h)
+        self.replication.require_in_sync()  # sync replication: not_enough_replicas before storing
         if delayed is not None:
             result = self.scheduler.schedule_batch(topic, queue_id, batch, starts, *delayed)
         else:
             result = self.append(topic, queue_id, batch, starts)
-        await self.durable(result)
+        # one wait per request for both: the local flush and the replicas' acknowledgements
+        await asyncio.gather(self.durable(result), self.replication.replicated(result.end_position))
         self.metrics.send_latency.observe(time.perf_counter() - arrived)
         if frame.is_oneway:
             return None
@@ -459,6 +495,7 @@ class Broker:
                          "lost": [[r.topic, r.queue_id, r.first_offset, r.last_offset]
                                   for r in self.recovery.lost]},
             "stats": dict(self.stats), "held_pulls": self.hold.held,
+            "replication": self.replication.status().to_dict(),
             "scheduler": self.scheduler.stats()})
 
 

@@ -34,10 +34,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
                  "store": args.store, "transport": args.transport, "metrics_host": args.metrics_host,
                  "metrics_port": args.metrics_port, "log_format": args.log_format,
                  "nameserver": args.nameserver, "broker_name": args.name, "cluster": args.cluster,
-                 "broker_id": args.broker_id, "controller": True if args.controller else None,
+                 "controller": True if args.controller else None,
                  "acl_file": args.acl_file, "acl": True if args.acl_file else None,
                  "tls_server_cert": args.tls_cert, "tls_server_key": args.tls_key,
-                 "tls_client_ca": args.tls_ca}
+                 "tls_client_ca": args.tls_ca, "role": args.role, "master_address": args.master,
+                 "broker_id": args.broker_id, "replication": args.replication, "min_insync": args.min_insync}
     cfg = config_mod.load(args.config, overrides)
     logs.configure(cfg.log_format)
 
@@ -423,14 +424,27 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--nameserver", help="join a cluster: name servers host:port[,host:port...]")
     b.add_argument("--name", help="broker name in its cluster (default <hostname>-<port>)")
     b.add_argument("--cluster", help="cluster name (default DefaultCluster)")
-    b.add_argument("--broker-id", type=int, help="this broker's id in its group (brokers sharing --name; default 0)")
     b.add_argument("--controller", action="store_true",
                    help="let the name servers' controller choose master or replica (needs --nameserver)")
     b.add_argument("--acl-file", help="turn ACLs on with this TOML file of [[accounts]] (docs/security.md)")
     b.add_argument("--tls-cert", help="serve TLS with this PEM certificate (with --tls-key)")
     b.add_argument("--tls-key", help="the PEM private key of --tls-cert")
     b.add_argument("--tls-ca", help="mutual TLS: require client certificates signed by this PEM CA")
+    b.add_argument("--role", choices=["master", "replica"], help="static replication role (default master)")
+    b.add_argument("--master", help="a replica's master: host:port or tls://host:port")
+    b.add_argument("--broker-id", type=int, help="this broker's id in its group (default 0)")
+    b.add_argument("--replication", choices=["async", "sync"], help="answer sends after the master stored "
+                   "them (async, default) or after --min-insync replicas did (sync)")
+    b.add_argument("--min-insync", type=int, help="sync replication: replicas that must have a send (default 1)")
     b.set_defaults(fn=cmd_broker)
+
+    rp = sub.add_parser("replication", help="a broker's replication role: status, promote, demote")
+    rp.add_argument("action", choices=["status", "promote", "demote"])
+    rp.add_argument("--broker", default="127.0.0.1:10911")
+    rp.add_argument("--epoch", type=int, help="promote/demote: the epoch (promote default: the broker's + 1)")
+    rp.add_argument("--master", help="demote: the new master's address")
+    rp.set_defaults(fn=lambda a: __import__("equeue_core.cli.replication", fromlist=["cmd_replication"])
+                    .cmd_replication(a))
 
     ns = sub.add_parser("nameserver", help="run a name server (route registry) in the foreground")
     ns.add_argument("--config", help="TOML config file (reads transport, broker_expiry_s, limits)")

@@ -37,6 +37,7 @@ class KVEngine:
         except BaseException:
             self._release()
             raise
+        self.replica_log = self.messages  # the message store is its own contracts.ReplicaLog
         values = meta(self._shared)
         self.topics = TopicsInMeta(values)
         self.schedule = ScheduleInMeta(values, self.offsets)

@@ -1,27 +1,8 @@
-"""Replace a small file atomically: write a temp file, fsync it, rename over, fsync the directory.
-
-After a crash the path holds either the old or the new contents, never a mix or a prefix.
-"""
+"""The file store's atomic small-file writes: the kernel's equeue_core.atomic_file (shared with
+the replication epoch file)."""
 
 from __future__ import annotations
 
-import os
-import threading
+from equeue_core.atomic_file import write_atomic
 
-
-def write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        mv = memoryview(data)
-        while mv:
-            mv = mv[os.write(fd, mv):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+__all__ = ["write_atomic"]

@@ -124,6 +124,45 @@ class CommitLog:
         os.lseek(self._fd, position % cs, os.SEEK_SET)
         self.write_pos = position
 
+    def seal_chunk(self) -> int:
+        """Seal the current chunk here and continue at the next chunk's start (a replica copying
+        its master's roll, see replica_log.py). Writer thread only; returns the new position."""
+        return self._roll()
+
+    def truncate_files(self, position: int) -> None:
+        """Cut the log at position: the chunk holding it is cut there, later chunks deleted, both
+        made durable (file and directory fsync); the writer continues at position. Writer thread
+        only, with nothing published past position any more (readers no longer ask for it)."""
+        cs = self.chunk_size
+        cstart = position - position % cs
+        with self._lock:
+            fds = self._sealed + ([self._fd] if self._fd >= 0 else [])
+            self._sealed, self._fd = [], -1
+            for c in [c for c in self._maps if c >= cstart]:
+                self._maps.pop(c).unmap()
+            doomed = [c for c in self.chunks if c > cstart]
+            self.chunks = [c for c in self.chunks if c <= cstart]
+        for fd in fds:
+            os.close(fd)
+        self.ring.clear()
+        for c in doomed:
+            try:
+                os.unlink(self.path(c))
+            except FileNotFoundError:
+                pass
+        fd = os.open(self.path(cstart), os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, position - cstart)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        dfd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        self.open_for_write(position)
+
     def publish(self, end: int) -> None:
         """Everything below end is written and indexed: the flusher may make it durable."""
         self.published_end = end

@@ -8,6 +8,7 @@ from equeue_core.writer_lock import WriterLock
 
 from .offsets import FileMeta, FileOffsetStore
 from .queue_index import FileQueueIndex
+from .replica_log import FileReplicaLog
 from .store import FileMessageStore
 
 
@@ -27,6 +28,7 @@ class FileEngine:
         except BaseException:
             self._abandon(lock)
             raise
+        self.replica_log = FileReplicaLog(self.messages)
         meta = FileMeta(self.offsets)
         self.topics = TopicsInMeta(meta)
         self.schedule = ScheduleInMeta(meta, self.offsets)

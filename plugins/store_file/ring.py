@@ -54,6 +54,10 @@ class Ring:
         for k in range(first if whole_first else first + 1, last + 1):
             tags[k % pages] = k
 
+    def clear(self) -> None:
+        """Forget every page (the log was truncated: positions will be written again)."""
+        self.tags = [-1] * self.pages
+
     def read(self, start: int, end: int) -> bytes | None:
         """The bytes of log positions [start, end), or None if the ring no longer holds them all.
 

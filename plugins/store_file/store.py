@@ -455,11 +455,13 @@ class FileMessageStore:
     def _write_checkpoint(self, end: int, ends: dict[tuple[str, int], int] | None = None) -> None:
         """Vouch for the log below end and for each queue's index up to its end in `ends`."""
         with self._checkpoint_lock:
-            end = min(end, self._checkpoint_cap)
+            # never past the log's end now: a replica's truncate_log may have cut the log since
+            # the flusher took `end` and `ends`
+            end = min(end, self._checkpoint_cap, self.log.published_end)
             if end < self._checkpointed:
                 return
-            if ends is None:
-                ends = self._index_ends()
+            now = self._index_ends()
+            ends = now if ends is None else {k: min(v, now.get(k, v)) for k, v in ends.items()}
             write_atomic(os.path.join(self.data_dir, CHECKPOINT), pack_checkpoint(end, ends))
             self._checkpointed = end
             self._last_checkpoint = time.monotonic()

@@ -30,10 +30,12 @@ from equeue_core.contracts import AppendResult, PullResult, RecoveryReport, Stor
 from equeue_core.errors import CorruptRecordError, StoreError
 from equeue_core.flush import Flusher
 from equeue_core.kv import chunks, keys, queries
+from equeue_core.kv import replica_log as replica
 from equeue_core.record import INDEX_ENTRY_SIZE, header_fields, index_entries, now_ms, stamp_batch
 
 from .environment import SharedEnv
 from .index import LmdbQueueIndex
+from .replica_ops import LmdbOps
 from .snapshot import Snapshot
 
 _U32 = struct.Struct("<I")
@@ -208,6 +210,51 @@ class LmdbMessageStore:
         used = sum(s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"] for s in stats)
         pages = self.env.info()["last_pgno"] + 1
         return max(0, pages - used - 2) * stats[-1]["psize"]  # 2: LMDB's meta pages
+
+    # -- replication (contracts.ReplicaLog; equeue_core/kv/replica_log.py) -----------------------
+
+    def end_position(self) -> int:
+        return self._next
+
+    def read_log(self, position: int, max_bytes: int) -> bytes:
+        end = self._next
+        with self.env.begin(buffers=True) as txn:
+            return replica.read_log(LmdbOps(self.shared, txn), position, max_bytes, end)
+
+    def append_log(self, position: int, data: bytes | bytearray | memoryview) -> int:
+        """One write transaction: the copied records, their index entries, ranges, next position."""
+        with self._write_lock:
+            try:
+                with self.env.begin(write=True) as txn:
+                    copied, ranges = replica.stage_append(LmdbOps(self.shared, txn), position, self._next,
+                                                          data, self.index.ranges(), self.chunk_bytes)
+            except lmdb.MapFullError as e:
+                raise StoreError("LMDB map is full: raise store_options.lmdb.map_size") from e
+            except lmdb.Error as e:
+                raise StoreError(f"LMDB append failed: {e}") from e
+            if self.commit_sync:
+                self.env.sync(True)
+            self._next = copied.end
+            self._last_ts = max(self._last_ts, copied.last_store_ts)
+            for (topic, qid), new_range in ranges.items():
+                self.index.publish(topic, qid, new_range)
+            self.flusher.written(copied.end)
+            return copied.end
+
+    def truncate_log(self, position: int) -> None:
+        """One write transaction, synced before returning."""
+        with self._write_lock:
+            if position == self._next:
+                return
+            with self.env.begin(write=True) as txn:
+                ranges = replica.stage_truncate(LmdbOps(self.shared, txn), position, self._next, self._min,
+                                                self.index.ranges())
+            self.env.sync(True)
+            self._next = position
+            for (topic, qid), new_range in ranges.items():
+                self.index.publish(topic, qid, new_range)
+            self.flusher.flushed = min(self.flusher.flushed, position)
+            self.flusher.written(position)
 
     # -- reads (any thread) ---------------------------------------------------------------------
 

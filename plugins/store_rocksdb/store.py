@@ -30,10 +30,12 @@ from equeue_core.contracts import AppendResult, PullResult, RecoveryReport, Stor
 from equeue_core.errors import CorruptRecordError, StoreError
 from equeue_core.flush import Flusher
 from equeue_core.kv import chunks, keys, queries
+from equeue_core.kv import replica_log as replica
 from equeue_core.record import INDEX_ENTRY_SIZE, header_fields, index_entries, now_ms, stamp_batch
 
 from .database import SharedDb
 from .index import RocksQueueIndex
+from .replica_ops import RocksOps
 from .view import View
 
 _U32 = struct.Struct("<I")
@@ -217,6 +219,45 @@ class RocksMessageStore:
         released = first_kept - self._min
         self._min = first_kept
         return first_kept, released
+
+    # -- replication (contracts.ReplicaLog; equeue_core/kv/replica_log.py) -----------------------
+
+    def end_position(self) -> int:
+        return self._next
+
+    def read_log(self, position: int, max_bytes: int) -> bytes:
+        return replica.read_log(RocksOps(self.shared), position, max_bytes, self._next)
+
+    def append_log(self, position: int, data: bytes | bytearray | memoryview) -> int:
+        """One WriteBatch: the copied records, their index entries, ranges, next position."""
+        with self._write_lock:
+            ops = RocksOps(self.shared)
+            copied, ranges = replica.stage_append(ops, position, self._next, data, self.index.ranges(),
+                                                  self.chunk_bytes)
+            try:
+                self.shared.db.write(ops.wb, self._write_opts)
+            except Exception as e:  # rocksdict raises plain Exception for RocksDB status errors
+                raise StoreError(f"RocksDB append failed: {e}") from e
+            self._next = copied.end
+            self._last_ts = max(self._last_ts, copied.last_store_ts)
+            for (topic, qid), new_range in ranges.items():
+                self.index.publish(topic, qid, new_range)
+            self.flusher.written(copied.end)
+            return copied.end
+
+    def truncate_log(self, position: int) -> None:
+        """One WriteBatch, written with sync before returning."""
+        with self._write_lock:
+            if position == self._next:
+                return
+            ops = RocksOps(self.shared)
+            ranges = replica.stage_truncate(ops, position, self._next, self._min, self.index.ranges())
+            self.shared.db.write(ops.wb, self._sync_opts)
+            self._next = position
+            for (topic, qid), new_range in ranges.items():
+                self.index.publish(topic, qid, new_range)
+            self.flusher.flushed = min(self.flusher.flushed, position)
+            self.flusher.written(position)
 
     # -- reads (any thread) ---------------------------------------------------------------------
 

@@ -1,0 +1,71 @@
+"""Sync replication: a send is answered once min_insync replicas have it, and refused at once
+(not_enough_replicas) when too few are in sync; async replication answers regardless."""
+
+from __future__ import annotations
+
+import pytest
+
+from equeue_core.client.message import Message
+from equeue_core.client.producer import Producer
+from equeue_core.errors import NotEnoughReplicasError
+from tests.helpers.waiting import wait_until
+
+from .group import master, replica, status, wait_in_sync
+
+TOPIC = "payments"
+
+
+def _batch(n: int, tag: str) -> list[Message]:
+    return [Message(TOPIC, f"{tag}-{i}".encode()) for i in range(n)]
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+def test_sync_send_is_acknowledged_only_after_the_replica_has_its_bytes(tmp_path, flush):
+    m = master(tmp_path, replication="sync", flush=flush)
+    r = replica(tmp_path, m)
+    with m.start(), r.start():
+        wait_in_sync(m)
+        with Producer(m.address) as p:
+            for k in range(20):
+                p.send_batch(_batch(50, f"b{k}"))
+                # answered means replicated: the replica's acked end covers the master's end
+                st = status(m)
+                assert st["replicas"]["1"]["log_end"] == st["log_end"]
+
+
+def test_sync_send_with_no_replica_fails_at_once_and_stores_nothing(tmp_path):
+    m = master(tmp_path, replication="sync")
+    with m.start():
+        with Producer(m.address) as p, pytest.raises(NotEnoughReplicasError, match="0 in-sync"):
+            p.send(Message(TOPIC, b"nobody copies this"))
+        assert status(m)["log_end"] == 0
+
+
+@pytest.mark.failure
+def test_sync_send_fails_with_not_enough_replicas_after_the_replica_is_killed(tmp_path):
+    m = master(tmp_path, replication="sync")
+    r = replica(tmp_path, m)
+    with m.start(), r.start():
+        wait_in_sync(m)
+        with Producer(m.address) as p:
+            p.send_batch(_batch(100, "before"))
+            r.kill()
+            assert wait_until(lambda: status(m)["in_sync"] == [], 15, 0.1), status(m)
+            with pytest.raises(NotEnoughReplicasError):  # the refusal, not a request timeout
+                p.send_batch(_batch(10, "after"))
+            # the replica comes back: sync sends work again once it is in sync
+            r.start()
+            wait_in_sync(m)
+            p.send_batch(_batch(10, "back"))
+
+
+@pytest.mark.failure
+def test_async_send_is_acknowledged_while_the_replica_is_dead(tmp_path):
+    m = master(tmp_path, replication="async")
+    r = replica(tmp_path, m)
+    with m.start(), r.start():
+        wait_in_sync(m)
+        r.kill()
+        with Producer(m.address) as p:
+            results = p.send_batch(_batch(100, "alone"))
+        assert [x.queue_offset for x in results] == list(range(100))
