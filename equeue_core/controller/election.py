@@ -4,7 +4,12 @@
   (epoch, log_end) it reported (lowest broker id on a tie).
 - A group whose master is lost elects among its live members that are in the last in-sync set
   (the master's own last report, plus the old master itself should it be back): the largest
-  log_end wins, lowest broker id on a tie. Nobody left there: the group stays without a master
+  log_end wins, lowest broker id on a tie. A live replica of the lost master's epoch whose log is
+  at least as long as that winner's may win too: replicas copy one master's log from its start,
+  so the longer one holds every byte the shorter holds (it joined the in-sync set after the
+  controller last heard). With sync replication an acknowledged message is on at least one
+  in-sync replica, so the longest one has it; the controller waits for a heartbeat sent after the
+  loss from each candidate (service.py) so the log ends compared are final. Nobody left: the group stays without a master
   (no unclean election) unless `unclean` allows any live member; an unclean election can lose
   acknowledged messages.
 - The new epoch is one more than both the group's epoch and every epoch a member reported, so an
@@ -33,7 +38,12 @@ def choose_master(group: GroupState | None, beats: list[Heartbeat], alive: Calla
     if group is None or (group.master_id is None and group.epoch == 0):
         return _best(live, by_epoch=True)
     eligible = set(group.in_sync) | ({group.master_id} if group.master_id is not None else set())
-    chosen = _best([b for b in live if b.broker_id in eligible], by_epoch=False)
+    in_sync = [b for b in live if b.broker_id in eligible]
+    chosen = _best(in_sync, by_epoch=False)
+    if chosen is not None:
+        floor = max(b.log_end for b in in_sync)
+        longer = [b for b in live if b.role == "replica" and b.epoch == group.epoch and b.log_end > floor]
+        chosen = _best(in_sync + longer, by_epoch=False)
     if chosen is None and unclean:
         chosen = _best(live, by_epoch=True)
     return chosen

@@ -30,6 +30,8 @@ from equeue_core.frame import Frame
 log = logging.getLogger("equeue.controller")
 
 DECIDE_INTERVAL_S = 0.25
+FRESH_MARGIN_S = 0.3  # a candidate's report counts as final when it arrived this long after the loss
+FRESH_WAIT_S = 2.5  # at most this long after the loss for those reports (agents send one a second)
 
 
 def _int_list(v: object, key: str) -> list[int]:
@@ -72,6 +74,7 @@ class Controller:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._warned: set[tuple[str, str, int]] = set()  # (cluster, name, epoch) with no candidate, logged once
+        self._lost_at: dict[tuple[str, str, int], float] = {}  # (cluster, name, epoch) -> when its master was lost
         self.handlers: dict[int, Handler] = {
             Code.CONTROLLER_HEARTBEAT: self.on_heartbeat,
             Code.CONTROLLER_INFO: self.on_info,
@@ -236,6 +239,12 @@ class Controller:
                     await propose(self.raft, "in_sync", cluster, name, g.epoch, g.master_id,
                                   sorted(set(master.in_sync) & set(g.members)))
                 continue
+            lost_at = self._lost_at.setdefault((cluster, name, g.epoch), now)
+            if g.master_id is not None and now - lost_at < FRESH_WAIT_S:
+                stale = [b for b in beats if b.broker_id != g.master_id and alive(b.broker_id)
+                         and b.last_seen < lost_at + FRESH_MARGIN_S]
+                if stale:
+                    continue  # wait for the candidates' reports sent after the loss: their final log ends
             target = choose_master(g, beats, alive, self.unclean)
             if target is None:
                 if (cluster, name, g.epoch) not in self._warned:
