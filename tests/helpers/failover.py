@@ -130,3 +130,27 @@ class ControlledGroup:
             b.kill()
         for n in self.nameservers:
             n.kill()
+
+
+def kill_master_once(group: ControlledGroup, senders: Senders, election_bound_s: float = 10.0) -> dict[str, Any]:
+    """One failover: wait until the producers are acknowledged, kill -9 the master, wait (bounded)
+    for a new master at the next epoch and for sends acknowledged by it. Returns what happened:
+    old and new master ids, epochs, `elected_s` (kill to committed election) and `first_send_s`
+    (kill to the first send the new master acknowledged)."""
+    g = group.view()
+    assert g is not None and g["master_id"] is not None and g["in_sync"], g
+    old = group.brokers[g["master_id"]]
+    base = senders.acks_after(0)
+    assert wait_until(lambda: senders.acks_after(0) >= base + 50, 30), ("producers stalled", senders.failures)
+    killed = time.monotonic()
+    old.kill()
+    g2 = group.wait_master(election_bound_s, epoch_above=g["epoch"])
+    elected_s = time.monotonic() - killed
+    new_port = group.brokers[g2["master_id"]].port
+    assert wait_until(lambda: senders.first_ack_after(killed, new_port) is not None, 30), \
+        "producers did not resume on the new master"
+    first = senders.first_ack_after(killed, new_port)
+    assert first is not None
+    return {"old_master": g["master_id"], "new_master": g2["master_id"], "in_sync_before": g["in_sync"],
+            "epoch_before": g["epoch"], "epoch": g2["epoch"], "elected_s": round(elected_s, 3),
+            "first_send_s": round(first - killed, 3)}
