@@ -29,6 +29,7 @@ from equeue_core.errors import (
     ClientClosedError,
     EQueueError,
     InvalidMessageError,
+    RequestTimeoutError,
     TopicNotFoundError,
     TransportError,
 )
@@ -442,8 +443,15 @@ class Producer:
         return self._async._enqueue(self._route(message.topic), message, routing_key, linger)
 
     def send(self, message: Message, routing_key: str | None = None, timeout: float | None = None) -> SendResult:
-        """Send one message and wait for its result (no linger: it leaves at once)."""
-        return self.send_async(message, routing_key, linger=False).result(timeout or self._async.send_timeout * 3)
+        """Send one message and wait for its result (no linger: it leaves at once). The default wait
+        covers every retry (a hung broker takes send_timeout per try); past it RequestTimeoutError,
+        and the message may still be stored (at least once)."""
+        limit = timeout or self._async.send_timeout * (self._async.retries + 2)
+        try:
+            return self.send_async(message, routing_key, linger=False).result(limit)
+        except concurrent.futures.TimeoutError:
+            raise RequestTimeoutError(f"send to {message.topic} not answered within {limit:g}s; "
+                                      "it may still be stored") from None
 
     def send_oneway(self, message: Message, routing_key: str | None = None) -> None:
         """Send without waiting for (or reporting) the result."""
