@@ -299,8 +299,11 @@ class Broker:
             result = self.scheduler.schedule_batch(topic, queue_id, batch, starts, *delayed)
         else:
             result = self.append(topic, queue_id, batch, starts)
-        # one wait per request for both: the local flush and the replicas' acknowledgements
-        await asyncio.gather(self.durable(result), self.replication.replicated(result.end_position))
+        if self.replication.sync_required():
+            # one wait per request for both: the local flush and the replicas' acknowledgements
+            await asyncio.gather(self.durable(result), self.replication.replicated(result.end_position))
+        else:
+            await self.durable(result)
         self.metrics.send_latency.observe(time.perf_counter() - arrived)
         if frame.is_oneway:
             return None

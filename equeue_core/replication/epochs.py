@@ -79,8 +79,9 @@ class EpochFile:
             self._save(entries)
 
     def truncate(self, position: int) -> None:
-        """The log was cut at position: drop the epochs that start past it."""
-        kept = [(e, s) for e, s in self.entries if s <= position]
+        """The log was cut at position: drop the epochs that start at or past it (none of
+        their records is left)."""
+        kept = [(e, s) for e, s in self.entries if s < position]
         if kept != self.entries:
             self._save(kept)
 

@@ -167,7 +167,10 @@ class Master:
     async def on_fetch(self, conn, frame: Frame) -> Frame:
         h = frame.header
         broker_id, position = _int(h, "broker_id"), _int(h, "position")
-        max_bytes = max(1, min(_int(h, "max_bytes", MAX_FETCH_BYTES), MAX_FETCH_BYTES))
+        # the answer must fit a frame: half the frame limit leaves room for the header (a single
+        # record is at most max_body_size, below the limit, and read_log always gives the first)
+        cap = min(MAX_FETCH_BYTES, self.repl.config.max_frame_size // 2)
+        max_bytes = max(1, min(_int(h, "max_bytes", cap), cap))
         wait_ms = max(0, min(_int(h, "wait_ms", 0), MAX_WAIT_MS))
         r = self.replicas.get(broker_id)
         if r is None or r.conn_id != conn.id:

@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from equeue_core.codes import Code
+from equeue_core.contracts import TransportSettings
 from equeue_core.errors import EQueueError, ReplicaRefusedError, StoreError
 from equeue_core.replication.epochs import divergence_point
 
@@ -87,11 +88,13 @@ class ReplicaCopier:
 
         repl = self.repl
         cfg = repl.config
-        self._conn = conn = await BrokerConnection(self.master_address).connect()
+        settings = TransportSettings(max_frame_size=cfg.max_frame_size)
+        self._conn = conn = await BrokerConnection(self.master_address, settings).connect()
         hello = (await conn.request(Code.REPL_HELLO, {
             "cluster": cfg.cluster, "name": cfg.broker_name, "broker_id": cfg.broker_id,
             "epoch": repl.epochs.last_epoch, "address": repl.own_address()}, timeout=10)).header
         self.master_epoch = int(hello["epoch"])
+        repl.epoch = max(repl.epoch, self.master_epoch)
         theirs = [(int(e), int(s)) for e, s in hello["epochs"]]
         await self._truncate_to_agreement(theirs, int(hello["log_end"]))
         self.connected = True
@@ -101,9 +104,10 @@ class ReplicaCopier:
         while True:
             end = repl.log.end_position()
             resp = await conn.request(Code.REPL_FETCH, {"broker_id": cfg.broker_id, "position": end,
-                                                        "max_bytes": FETCH_BYTES, "wait_ms": FETCH_WAIT_MS},
+                                                        "max_bytes": min(FETCH_BYTES, cfg.max_frame_size // 2), "wait_ms": FETCH_WAIT_MS},
                                       timeout=30)
             self.master_epoch = int(resp.header.get("epoch", self.master_epoch))
+            repl.epoch = max(repl.epoch, self.master_epoch)
             if resp.body:
                 new_end = repl.log.append_log(end, resp.body)
                 repl.copied(new_end)

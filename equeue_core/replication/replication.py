@@ -102,6 +102,8 @@ class Replication:
         async with self._change:
             if epoch < self.epochs.last_epoch:
                 raise ReplicaRefusedError(f"epoch {epoch} is older than this broker's epoch {self.epochs.last_epoch}")
+            if self.is_master and epoch == self.epoch and (epoch == 0 or epoch == self.epochs.last_epoch):
+                return  # already master in this epoch (an agent may repeat its decision): keep the in-sync set
             if self.copier is not None:
                 await self.copier.stop()
                 self.copier = None
@@ -109,7 +111,8 @@ class Replication:
             if epoch > self.epochs.last_epoch:
                 self.epochs.begin(epoch, end)
             self.epoch = max(self.epoch, epoch)
-            self.master = Master(self)
+            if not self.is_master:
+                self.master = Master(self)  # a master keeps its replicas' state across a new epoch
             self.role, self.master_address = "master", None
             log.warning("now MASTER of %s/%s in epoch %d from position %d", self.config.cluster,
                         self.config.broker_name, self.epoch, end)
@@ -119,6 +122,10 @@ class Replication:
         """Refuse writes from now on; copy from master_address (none yet if empty) after cutting
         this log back to where it agrees with the master's."""
         async with self._change:
+            if (not self.is_master and self.copier is not None and master_address
+                    and master_address == self.master_address):
+                self.epoch = max(self.epoch, epoch)
+                return  # already copying from that master (an agent may repeat its decision)
             was_master = self.is_master
             self.role = "replica"
             self.master.forget()

@@ -15,16 +15,18 @@ GROUP = ["--cluster", "c1", "--name", "broker-a"]
 
 
 def master(tmp: Path, name: str = "m", broker_id: int = 0, replication: str = "async", store: str = "file",
-           flush: str = "async", min_insync: int = 1, extra: tuple[str, ...] = ()) -> BrokerProcess:
-    return BrokerProcess(tmp / name, store=store, flush=flush, extra_args=[
+           flush: str = "async", min_insync: int = 1, extra: tuple[str, ...] = (),
+           transport: str = "tcp") -> BrokerProcess:
+    return BrokerProcess(tmp / name, store=store, flush=flush, transport=transport, extra_args=[
         *GROUP, "--broker-id", str(broker_id), "--replication", replication, "--min-insync", str(min_insync),
         *extra])
 
 
 def replica(tmp: Path, of: BrokerProcess | str, name: str = "r", broker_id: int = 1, store: str = "file",
-            replication: str = "async", group: list[str] | None = None, port: int | None = None) -> BrokerProcess:
+            replication: str = "async", group: list[str] | None = None, port: int | None = None,
+            transport: str = "tcp") -> BrokerProcess:
     address = of if isinstance(of, str) else f"127.0.0.1:{of.port}"
-    return BrokerProcess(tmp / name, store=store, port=port, extra_args=[
+    return BrokerProcess(tmp / name, store=store, port=port, transport=transport, extra_args=[
         *(group or GROUP), "--broker-id", str(broker_id), "--role", "replica", "--master", address,
         "--replication", replication])
 

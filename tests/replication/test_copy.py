@@ -114,3 +114,31 @@ def test_a_replica_refuses_sends_naming_its_master_and_catches_up_after_a_restar
         wait_caught_up(m, r)
         assert status(r)["role"] == "replica"
     assert _same_stores("file", str(m.data_dir), str(r.data_dir)) == 5000
+
+
+def test_a_replica_far_behind_catches_up_in_fetches_that_fit_the_frame_limit(tmp_path):
+    cfg = tmp_path / "small-frames.toml"
+    cfg.write_text("max_frame_size = 1048576\nmax_body_size = 524288\n")
+    m = master(tmp_path)
+    m.config = str(cfg)
+    r = replica(tmp_path, m)
+    r.config = str(cfg)
+    with m.start():
+        _send(m.address, 40_000)  # ~5 MB waiting for the replica: one fetch would not fit a frame
+        with r.start():
+            wait_caught_up(m, r)
+    assert _same_stores("file", str(m.data_dir), str(r.data_dir)) == 40_000
+
+
+@pytest.mark.parametrize("transport", ["tls"])
+def test_a_replica_copies_from_a_tls_master_with_the_client_tls_settings(tmp_path, transport):
+    # the tls_client_ca fixture (tests/conftest.py) puts the session CA in EQUEUE_TLS_CA, which the
+    # replica broker inherits: its connection to the tls:// master verifies the master with it
+    m = master(tmp_path, transport=transport, replication="sync")
+    r = replica(tmp_path, m.address, transport=transport)
+    with m.start(), r.start():
+        wait_in_sync(m)
+        _send(m.address, 2000)
+        wait_caught_up(m, r)
+        assert status(r)["master_address"].startswith("tls://")
+    assert _same_stores("file", str(m.data_dir), str(r.data_dir)) == 2000
