@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from equeue_core.codes import Code
@@ -176,7 +177,7 @@ class Controller:
 
     # ------------------------------------------------------------ the leader's decisions
 
-    def _alive_fn(self, cluster: str, name: str):  # noqa: ANN202 - a small closure
+    def _alive_fn(self, cluster: str, name: str) -> Callable[[int], bool]:
         since = self._leader_since or 0.0
         return lambda i: self.liveness.alive(cluster, name, i, since)
 
