@@ -75,6 +75,7 @@ class Controller:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._warned: set[tuple[str, str, int]] = set()  # (cluster, name, epoch) with no candidate, logged once
+        self.elections = 0  # elections this name server committed as leader (automatic and by hand)
         self._lost_at: dict[tuple[str, str, int], float] = {}  # (cluster, name, epoch) -> when its master was lost
         self.handlers: dict[int, Handler] = {
             Code.CONTROLLER_HEARTBEAT: self.on_heartbeat,
@@ -91,6 +92,12 @@ class Controller:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await asyncio.to_thread(self.raft.destroy)
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """What the name server's metrics endpoint shows of the controller (docs/operations.md)."""
+        return {"leader": self.raft.is_leader(), "elections": self.elections,
+                "groups": [{"cluster": g.cluster, "name": g.name, "epoch": g.epoch, "has_master": g.master_id is not None,
+                            "in_sync": len(g.in_sync)} for g in self.state.groups()]}
 
     def master_of(self, cluster: str, name: str) -> int | None:
         return self.state.master_of(cluster, name)
@@ -185,6 +192,7 @@ class Controller:
         epoch = next_epoch(g, beats)
         result = await propose(self.raft, "elect", g.cluster, g.name, g.epoch, target, epoch)
         if result["applied"]:
+            self.elections += 1
             log.warning("group %s/%s: broker %d elected master at epoch %d (%s; was %s at epoch %d)",
                         g.cluster, g.name, target, epoch, why, g.master_id, g.epoch)
         return result

@@ -96,9 +96,14 @@ class NameServer:
     async def metrics_snapshot(self) -> dict[str, Any]:
         """What a scrape renders (equeue_core/nameserver/metrics.py), taken on the event loop."""
         info = self.registry.cluster_info(count=False).to_wire()
-        return {"address": f"{self.address[0]}:{self.address[1]}", "transport": self.config.transport,
-                "clusters": {c: len(names) for c, names in info["clusters"].items()},
-                "brokers": info["brokers"], "stats": self.registry.stats.as_dict()}
+        per_cluster: dict[str, int] = {}
+        for b in info["brokers"]:  # every member of every group counts
+            per_cluster[b["cluster"]] = per_cluster.get(b["cluster"], 0) + 1
+        snap = {"address": f"{self.address[0]}:{self.address[1]}", "transport": self.config.transport,
+                "clusters": per_cluster, "brokers": info["brokers"], "stats": self.registry.stats.as_dict()}
+        if self.controller is not None:
+            snap["controller"] = self.controller.metrics_snapshot()
+        return snap
 
     async def stop(self) -> None:
         if self.metrics_endpoint is not None:
