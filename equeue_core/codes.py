@@ -64,6 +64,13 @@ class Code(IntEnum):
     REPL_STATUS = 54        # {} -> ReplicationStatus.to_dict()
     REPL_PROMOTE = 55       # {epoch?} -> status: become master (static failover by hand)
     REPL_DEMOTE = 56        # {master, epoch} -> status: become a replica of master
+    # controller (equeue nameserver --controller-peers; docs/controller.md); codes 50-59 are replication's
+    CONTROLLER_HEARTBEAT = 60  # {cluster, name, broker_id, address, role, epoch, log_end, master_address?,
+                               #   in_sync?: [ids], replicas?: {id: {lag_bytes, ...}}}
+                               #   -> {cluster, name, epoch, master_id, master_address, role, leader, controller_leader}
+    CONTROLLER_INFO = 61       # {} -> {self, leader, state, term, has_quorum, peers, groups: [...]}
+    ELECT_MASTER = 62          # {cluster, name, broker_id?} -> {cluster, name, epoch, master_id, master_address};
+                               #   Raft leader only (not_leader names it); failover_refused, no_quorum
 
 
 class PullStatus:

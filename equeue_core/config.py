@@ -55,6 +55,12 @@ class Config:
     register_interval_s: float = 30.0
     broker_expiry_s: float = 120.0  # name server: drop a broker silent this long
     nameserver_metrics_port: int = 9878  # name server: Prometheus endpoint port (0 = off), on metrics_host
+    controller: bool = False  # broker: let the name servers' controller choose master/replica (docs/controller.md)
+    controller_heartbeat_s: float = 1.0  # broker: how often it reports its replication status to the controller
+    controller_peers: str = ""  # name server: Raft peers "host:port,..." (all, itself included); "" = no controller
+    controller_port: int = 0  # name server: its own Raft port, one of controller_peers (on host)
+    controller_master_timeout_s: float = 3.0  # name server: a master silent this long is replaced
+    unclean_election: bool = False  # name server: with no in-sync member left, elect any live member anyway
     max_deliver_delay: str = "40d"
     max_connections: int = 4096
     max_connection_bytes: int = 64 * MiB
@@ -191,6 +197,15 @@ def validate(cfg: Config) -> Config:
         from equeue_core.nameserver.addresses import parse_nameservers
 
         parse_nameservers(cfg.nameserver)
+    if cfg.controller_heartbeat_s <= 0 or cfg.controller_master_timeout_s <= 0:
+        raise ConfigError("config controller_heartbeat_s and controller_master_timeout_s must be positive")
+    if cfg.controller and not cfg.nameserver:
+        raise ConfigError("config controller = true (--controller) needs nameserver (--nameserver): "
+                          "the controller runs in the name servers")
+    if cfg.controller_peers:
+        from equeue_core.controller.peers import controller_peers
+
+        controller_peers(cfg.controller_peers, cfg.host, cfg.controller_port)
     return cfg
 
 

@@ -235,3 +235,29 @@ class ReplicaRefusedError(EQueueError):
     """A master refused a replica: another broker group, or an epoch ahead of the master's."""
 
     code = "replica_refused"
+
+
+class NoControllerError(EQueueError):
+    """The name server runs no controller (it was started without --controller-peers)."""
+
+    code = "no_controller"
+
+
+class NotLeaderError(EQueueError):
+    """This name server's controller is not the Raft leader; the `leader` detail names the one it
+    believes is (empty while an election runs). Ask another name server."""
+
+    code = "not_leader"
+
+
+class NoQuorumError(EQueueError):
+    """The controller could not commit a decision: no majority of its Raft peers answers."""
+
+    code = "no_quorum"
+
+
+class FailoverRefusedError(EQueueError):
+    """A master election was refused: unknown group, or the chosen broker is not a live member of
+    the group's in-sync set (electing it could lose acknowledged messages)."""
+
+    code = "failover_refused"

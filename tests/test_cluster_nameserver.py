@@ -196,7 +196,7 @@ def test_second_broker_with_a_taken_name_exits_with_one_line(tmp_path):
         assert done.returncode == 1
         assert one_line_error(done.stderr) == (
             f"equeue: broker name 'dup' in cluster 'c1' is taken by {first.address}; "
-            f"give {second.address} another --name")
+            f"give {second.address} another --name or another --broker-id than 0")
         for ns in (ns1, ns2):
             with NameServerClient(ns.address) as client:
                 assert [(b.name, b.address) for b in client.cluster_info().brokers] == [("dup", first.address)]
@@ -221,9 +221,9 @@ def test_route_of_a_topic_no_broker_has_is_a_one_line_error(tmp_path):
         assert one_line_error(done.stderr) == "equeue: topic 'nowhere' has no route: no live broker registered it"
         listing = subprocess.run(cli[:-2], capture_output=True, text=True, timeout=120)
         assert listing.returncode == 0
-        assert listing.stdout.splitlines()[0].split() == ["cluster", "broker", "address", "role", "topics", "last",
-                                                          "heartbeat", "in/s", "out/s"]
-        assert listing.stdout.splitlines()[1].split()[:3] == ["c1", "broker-a", b.address]
+        assert listing.stdout.splitlines()[0].split() == ["cluster", "broker", "id", "address", "role", "epoch",
+                                                          "topics", "last", "heartbeat", "in/s", "out/s"]
+        assert listing.stdout.splitlines()[1].split()[:5] == ["c1", "broker-a", "0", b.address, "master"]
 
 
 def test_nameserver_list_with_nothing_listening_is_a_one_line_error(tmp_path):

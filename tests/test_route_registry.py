@@ -40,7 +40,7 @@ def test_name_taken_by_a_live_broker_at_another_address_is_refused(registry):
     with pytest.raises(BrokerNameConflictError, match=r"broker name 'broker-a' in cluster 'c1' is taken by "
                                                       r"tcp://127.0.0.1:10001"):
         registry.register("c1", "broker-a", B, topics(orders=4), 1, connection_id=2)
-    assert registry.brokers[("c1", "broker-a")].address == A
+    assert registry.brokers[("c1", "broker-a", 0)].address == A
     assert registry.stats.refused_conflicts == 1
     registry.register("c2", "broker-a", B, topics(), 1, connection_id=2)  # another cluster: its own names
     assert registry.cluster_info().clusters == {"c1": ["broker-a"], "c2": ["broker-a"]}
@@ -62,7 +62,7 @@ def test_same_address_registering_again_is_the_same_broker_and_replaces_its_topi
         registry.route("audit")
     assert registry.stats.joined == 1 and registry.stats.route_changes == 2
     registry.connection_lost(1)  # the old connection's close must not drop the live registration
-    assert list(registry.brokers) == [("c1", "broker-a")]
+    assert list(registry.brokers) == [("c1", "broker-a", 0)]
     registry.connection_lost(7)
     assert registry.brokers == {} and registry.stats.dropped_on_close == 1
 
@@ -83,7 +83,7 @@ def test_silent_broker_is_hidden_at_once_and_removed_by_the_sweep(registry, cloc
     clock.now += 20
     assert [b.name for b in registry.cluster_info().brokers] == ["broker-b"]  # before any sweep
     assert [e.name for e in registry.expire()] == ["broker-a"]
-    assert registry.stats.expired == 1 and list(registry.brokers) == [("c1", "broker-b")]
+    assert registry.stats.expired == 1 and list(registry.brokers) == [("c1", "broker-b", 0)]
 
 
 def test_stale_unregister_never_removes_a_successor_at_another_address(registry, clock):
@@ -130,3 +130,36 @@ def test_bad_cluster_config_is_a_one_line_error(overrides, message):
     with pytest.raises(ConfigError, match=message) as e:
         config.load(overrides=overrides, environ={})
     assert "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------ broker groups (issue 11)
+
+def test_members_of_a_group_share_a_name_with_distinct_broker_ids_and_the_route_names_master_and_replicas(registry):
+    registry.register("c1", "broker-a", A, topics(orders=4), 1, 1, broker_id=0, role="replica", epoch=2)
+    registry.register("c1", "broker-a", B, topics(orders=4), 1, 2, broker_id=1, role="master", epoch=2)
+    (r,) = registry.route("orders").brokers
+    assert (r.name, r.address, r.replicas, r.is_master, r.writable) == ("broker-a", B, (A,), True, True)
+    assert registry.cluster_info().clusters == {"c1": ["broker-a"]}
+    assert [(b.broker_id, b.role) for b in registry.cluster_info().brokers] == [(0, "replica"), (1, "master")]
+
+
+def test_same_name_and_broker_id_at_another_live_address_is_still_a_conflict(registry):
+    registry.register("c1", "broker-a", A, topics(orders=4), 1, 1, broker_id=1)
+    with pytest.raises(BrokerNameConflictError, match=r"another --broker-id than 1"):
+        registry.register("c1", "broker-a", B, topics(orders=4), 1, 2, broker_id=1)
+
+
+def test_a_group_without_a_live_master_is_routed_read_only_to_a_replica(registry):
+    registry.register("c1", "broker-a", A, topics(orders=4), 1, 1, broker_id=0, role="master", epoch=1)
+    registry.register("c1", "broker-a", B, topics(orders=4), 1, 2, broker_id=1, role="replica", epoch=1)
+    registry.connection_lost(1)  # the master died
+    (r,) = registry.route("orders").brokers
+    assert (r.address, r.is_master, r.readable, r.writable, r.replicas) == (B, False, True, False, ())
+
+
+def test_the_controllers_choice_of_master_wins_over_what_the_brokers_registered(registry):
+    registry.register("c1", "broker-a", A, topics(orders=4), 1, 1, broker_id=0, role="master", epoch=1)
+    registry.register("c1", "broker-a", B, topics(orders=4), 1, 2, broker_id=1, role="replica", epoch=1)
+    registry.master_of = lambda cluster, name: 1  # elected at epoch 2; broker 0 has not heard yet
+    (r,) = registry.route("orders").brokers
+    assert (r.address, r.replicas) == (B, (A,))

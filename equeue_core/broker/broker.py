@@ -45,8 +45,8 @@ from equeue_core.errors import (
 from equeue_core.export import BROKER_INFO
 from equeue_core.frame import Frame
 from equeue_core.plugins import PluginManager, get_plugin_manager
-from equeue_core.serving import access_gate, server_settings
 from equeue_core.replication.replication import Replication
+from equeue_core.serving import access_gate, server_settings
 from equeue_core.threads import run_to_end
 
 log = logging.getLogger("equeue.broker")

@@ -23,8 +23,9 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from equeue_core.broker.controller_agent import ControllerAgent, status_dict
 from equeue_core.client.address import Address
 from equeue_core.client.connection import BrokerConnection
 from equeue_core.client.credentials import ClientLink, client_link
@@ -75,10 +76,16 @@ class NameServerLink:
 class BrokerRegistrar:
     def __init__(self, cluster: str, name: str, address: str, nameservers: list[Address],
                  interval_s: float, topics: Callable[[], dict[str, int]],
-                 settings: TransportSettings | None = None, link: ClientLink | None = None) -> None:
+                 settings: TransportSettings | None = None, broker_id: int = 0, link: ClientLink | None = None,
+                 status: Callable[[], dict[str, Any] | None] | None = None) -> None:
+        """`status`: the broker's replication status as a dict (role, epoch, log_end), registered
+        with the topics so routes can tell master from replicas; None = a lone master."""
         self.cluster = cluster
         self.name = name
         self.address = address
+        self.broker_id = broker_id
+        self._status = status
+        self.agent: ControllerAgent | None = None  # in controller mode (config controller = true)
         self.interval_s = interval_s
         self._topics = topics
         self.settings = settings or TransportSettings(connect_timeout=REQUEST_TIMEOUT)
@@ -96,10 +103,17 @@ class BrokerRegistrar:
         nameservers = parse_nameservers(cfg.nameserver)
         for a in nameservers:  # an unknown scheme stops the broker now (PluginError lists the installed ones)
             broker.plugins.transport(a.transport)
-        return cls(cfg.cluster, cfg.broker_name or default_broker_name(port),
-                   f"{cfg.transport}://{advertised_host(host)}:{port}", nameservers,
-                   cfg.register_interval_s, lambda: broker.topics.topics,
-                   link=client_link(cfg, TransportSettings(connect_timeout=REQUEST_TIMEOUT)))
+        replication = getattr(broker, "replication", None)  # the data plane (docs/replication.md), if present
+        registrar = cls(cfg.cluster, cfg.broker_name or default_broker_name(port),
+                        f"{cfg.transport}://{advertised_host(host)}:{port}", nameservers,
+                        cfg.register_interval_s, lambda: broker.topics.topics, broker_id=cfg.broker_id,
+                        status=(lambda: status_dict(replication.status())) if replication is not None else None,
+                        link=client_link(cfg, TransportSettings(connect_timeout=REQUEST_TIMEOUT)))
+        if cfg.controller:
+            registrar.agent = ControllerAgent.for_registrar(registrar, broker)
+            registrar.agent.on_change = registrar.refresh
+            registrar._status = registrar.agent.status
+        return registrar
 
     # ------------------------------------------------------------ lifecycle
 
@@ -113,15 +127,23 @@ class BrokerRegistrar:
             raise BrokerNameConflictError(refused[0].last_error)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._run(link)) for link in self.links]
+        if self.agent is not None:
+            self.agent.start()
 
     async def stop(self) -> None:
         """Stop registering and unregister from every name server that has the broker (best effort)."""
+        if self.agent is not None:
+            await self.agent.stop()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         await asyncio.gather(*(self._unregister(link) for link in self.links if link.state == "registered"))
         await self._close_links()
+
+    def refresh(self) -> None:
+        """The broker's role changed: register with every name server now, so routes follow."""
+        self.topics_changed()
 
     def topics_changed(self) -> None:
         """A topic was created or deleted: new data version, register with every name server now."""
@@ -132,9 +154,13 @@ class BrokerRegistrar:
     # ------------------------------------------------------------ one name server
 
     def _header(self) -> dict:
-        return {"cluster": self.cluster, "name": self.name, "address": self.address,
-                "data_version": self.data_version,
-                "topics": {t: {"queues": n, "perm": PERM_READ_WRITE} for t, n in self._topics().items()}}
+        h = {"cluster": self.cluster, "name": self.name, "address": self.address,
+             "data_version": self.data_version, "broker_id": self.broker_id,
+             "topics": {t: {"queues": n, "perm": PERM_READ_WRITE} for t, n in self._topics().items()}}
+        st = self._status() if self._status is not None else None
+        if st:
+            h.update(role=st["role"], epoch=int(st["epoch"]), log_end=int(st["log_end"]))
+        return h
 
     async def _run(self, link: NameServerLink) -> None:
         while True:

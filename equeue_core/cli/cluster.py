@@ -194,3 +194,66 @@ def dev_cluster(args: argparse.Namespace) -> int:
                 p.stdout.close()
             print(f"{what:<12} stopped", flush=True)
     return 0 if ok else 1
+
+
+def controller_view(ns: Any) -> dict[str, Any] | None:
+    """The controller's view (CONTROLLER_INFO) or None when the name servers run no controller."""
+    from equeue_core.errors import NoControllerError, UnknownRequestError
+
+    try:
+        return ns.controller_info()
+    except (NoControllerError, UnknownRequestError):  # UnknownRequestError: a name server older than codes 60-62
+        return None
+
+
+def group_rows(info: Any, controller: dict[str, Any] | None) -> list[list[Any]]:
+    """One row per broker group: master, replicas, epoch, in-sync set and each replica's lag in
+    bytes. From the controller when it runs; otherwise from what the brokers registered (no
+    in-sync set or lag then: "-")."""
+    rows: list[list[Any]] = []
+    if controller is not None:
+        for g in controller["groups"]:
+            master = g["master_id"]
+            replicas = [int(i) for i in g["members"] if master is None or int(i) != master]
+            lag = g.get("lag_bytes") or {}
+            rows.append([g["cluster"], g["name"], "none" if master is None else f"{master} {g['master_address']}",
+                         " ".join(f"{i} {g['members'][str(i)]}" for i in replicas) or "-", g["epoch"],
+                         " ".join(str(i) for i in g["in_sync"]) or "-",
+                         " ".join(f"{i}:{lag[str(i)]}" for i in replicas if str(i) in lag) or "-"])
+        return rows
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for b in info.brokers:
+        groups.setdefault((b.cluster, b.name), []).append(b)
+    for (cluster, name), members in sorted(groups.items()):
+        masters = [b for b in members if b.role == "master"]
+        master = max(masters, key=lambda b: b.epoch) if masters else None
+        rows.append([cluster, name, "none" if master is None else f"{master.broker_id} {master.address}",
+                     " ".join(f"{b.broker_id} {b.address}" for b in members if b is not master) or "-",
+                     max(b.epoch for b in members), "-", "-"])
+    return rows
+
+
+GROUP_HEADER = ["cluster", "group", "master", "replicas", "epoch", "in-sync", "lag bytes"]
+
+
+def failover(args: argparse.Namespace) -> int:
+    """`equeue cluster failover --group NAME --to ID`: move mastership by hand (to an in-sync member only)."""
+    from equeue_core.client.nameserver import NameServerClient
+
+    if not args.group:
+        raise EQueueError("equeue cluster failover needs --group (and --to <broker-id>)")
+    with NameServerClient(args.nameserver) as ns:
+        cluster = args.cluster
+        if cluster is None:
+            clusters = sorted({g["cluster"] for g in ns.controller_info()["groups"] if g["name"] == args.group})
+            if len(clusters) != 1:
+                raise EQueueError(f"group {args.group!r} is in {len(clusters)} clusters ({', '.join(clusters) or 'none'}): "
+                                  "name one with --cluster")
+            cluster = clusters[0]
+        r = ns.elect_master(cluster, args.group, args.to)
+    if not r.get("changed", True):
+        print(f"group {cluster}/{args.group}: broker {r['master_id']} is master already (epoch {r['epoch']})")
+    else:
+        print(f"group {cluster}/{args.group}: broker {r['master_id']} ({r['master_address']}) is master "
+              f"at epoch {r['epoch']}")
+    return 0

@@ -34,6 +34,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
                  "store": args.store, "transport": args.transport, "metrics_host": args.metrics_host,
                  "metrics_port": args.metrics_port, "log_format": args.log_format,
                  "nameserver": args.nameserver, "broker_name": args.name, "cluster": args.cluster,
+                 "controller": True if args.controller else None,
                  "role": args.role, "master_address": args.master,
                  "broker_id": args.broker_id, "replication": args.replication, "min_insync": args.min_insync,
                  **_server_security_overrides(args)}
@@ -107,6 +108,8 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
 
     cfg = config_mod.load(args.config, {"host": args.host, "port": args.port, "transport": args.transport,
                                         "nameserver_metrics_port": args.metrics_port,
+                                        "controller_peers": args.controller_peers,
+                                        "controller_port": args.controller_port,
                                         **_server_security_overrides(args)})
     logs.configure(cfg.log_format)
 
@@ -122,6 +125,8 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
         print(f"  broker_expiry_s {cfg.broker_expiry_s:g} (routes live in memory only)", flush=True)
         if server.metrics_address:
             print(f"  metrics   http://{server.metrics_address[0]}:{server.metrics_address[1]}/metrics", flush=True)
+        if server.controller is not None:
+            print(f"  controller raft {server.controller.self_address} of {cfg.controller_peers}", flush=True)
         try:
             await stop.wait()
         finally:
@@ -348,23 +353,33 @@ def cmd_console(args: argparse.Namespace) -> int:
 def cmd_cluster(args: argparse.Namespace) -> int:
     from equeue_core.client.nameserver import NameServerClient
 
+    if args.action == "failover":
+        from equeue_core.cli.cluster import failover
+
+        return failover(args)
     with NameServerClient(args.nameserver) as ns:
         if args.topic:
             route = ns.get_route(args.topic)
-            rows = [[b.cluster, b.name, b.address, b.queues, ("r" if b.readable else "-") + ("w" if b.writable else "-")]
-                    for b in route.brokers]
-            print(_table(rows, ["cluster", "broker", "address", "queues", "perm"]))
+            rows = [[b.cluster, b.name, b.address, b.queues, ("r" if b.readable else "-") + ("w" if b.writable else "-"),
+                     " ".join(b.replicas) or "-"] for b in route.brokers]
+            print(_table(rows, ["cluster", "broker", "address", "queues", "perm", "replicas"]))
             return 0
-        info = ns.cluster_info()
-        if args.json:
-            print(json.dumps(info.to_wire(), indent=2))
-            return 0
-        from equeue_core.cli.cluster import rate_cells, rates
+        from equeue_core.cli.cluster import GROUP_HEADER, controller_view, group_rows, rate_cells, rates
 
+        info = ns.cluster_info()
+        controller = controller_view(ns)
+        if args.json:
+            print(json.dumps({**info.to_wire(), **({"controller": controller} if controller else {})}, indent=2))
+            return 0
         per_s = rates(args.nameserver, args.interval) if args.interval > 0 else {}
-        rows = [[b.cluster, b.name, b.address, "master", b.topics, f"{b.heartbeat_age_s:.1f}s",
-                 *rate_cells(per_s, b.name)] for b in info.brokers]
-        print(_table(rows, ["cluster", "broker", "address", "role", "topics", "last heartbeat", "in/s", "out/s"]))
+        fronts = {(b.cluster, b.name, b.broker_id) for b in info.fronts()}
+        rows = [[b.cluster, b.name, b.broker_id, b.address, b.role, b.epoch, b.topics, f"{b.heartbeat_age_s:.1f}s",
+                 *(rate_cells(per_s, b.name) if (b.cluster, b.name, b.broker_id) in fronts else ["-", "-"])]
+                for b in info.brokers]
+        print(_table(rows, ["cluster", "broker", "id", "address", "role", "epoch", "topics", "last heartbeat",
+                            "in/s", "out/s"]))
+        print()
+        print(_table(group_rows(info, controller), GROUP_HEADER))
     return 0
 
 
@@ -410,6 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--name", help="broker name in its cluster (default <hostname>-<port>)")
     b.add_argument("--cluster", help="cluster name (default DefaultCluster)")
     _server_security_arguments(b)
+    b.add_argument("--controller", action="store_true",
+                   help="let the name servers' controller choose master or replica (needs --nameserver)")
     b.add_argument("--role", choices=["master", "replica"], help="static replication role (default master)")
     b.add_argument("--master", help="a replica's master: host:port or tls://host:port")
     b.add_argument("--broker-id", type=int, help="this broker's id in its group (default 0)")
@@ -433,6 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
     ns.add_argument("--transport", help="transport plugin name (tcp, zmq)")
     ns.add_argument("--metrics-port", type=int,
                     help="port of the Prometheus endpoint (default 9878, 0 = off; host: metrics_host)")
+    ns.add_argument("--controller-peers", help="run the controller: every name server's Raft host:port, "
+                    "comma-separated, this one included (docs/controller.md)")
+    ns.add_argument("--controller-port", type=int, help="this name server's Raft port (one of --controller-peers)")
     _server_security_arguments(ns)
     ns.set_defaults(fn=cmd_nameserver)
 
@@ -442,8 +462,14 @@ def build_parser() -> argparse.ArgumentParser:
     ky.add_argument("--name", default="equeue", help="file name of the pair (default equeue)")
     ky.set_defaults(fn=cmd_keys)
 
-    cl = sub.add_parser("cluster", help="brokers registered with the name servers, or one topic's route")
+    cl = sub.add_parser("cluster", help="brokers and groups (master, replicas, epoch, in-sync, lag), one topic's "
+                        "route, or `failover --group G --to ID`")
+    cl.add_argument("action", nargs="?", choices=["failover"],
+                    help="failover: move a group's mastership by hand to an in-sync member (docs/controller.md)")
     cl.add_argument("--nameserver", required=True, help="host:port[,host:port...]")
+    cl.add_argument("--group", help="failover: the broker group (broker name)")
+    cl.add_argument("--to", type=int, help="failover: the broker id to make master (default: the best in-sync one)")
+    cl.add_argument("--cluster", help="failover: the group's cluster (needed if the name is in several)")
     cl.add_argument("--topic", help="show this topic's route (brokers and queue counts)")
     cl.add_argument("--json", action="store_true")
     cl.add_argument("--interval", type=float, default=1.0,

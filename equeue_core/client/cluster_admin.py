@@ -33,8 +33,10 @@ class AsyncClusterAdminClient:
         return self
 
     async def brokers(self, cluster: str | None = None, names: list[str] | None = None) -> list[BrokerSummary]:
-        """The live brokers (of one cluster, or the named ones); ConfigError for an unknown name."""
-        live = (await self.nameservers.cluster_info()).brokers
+        """The live brokers (of one cluster, or the named ones), one per broker group: its master
+        (replicas get topics and offsets from it, docs/replication.md), or while it has none the
+        replica that stands in; ConfigError for an unknown name."""
+        live = (await self.nameservers.cluster_info()).fronts()
         if cluster:
             live = [b for b in live if b.cluster == cluster]
         if names:
@@ -104,7 +106,7 @@ class AsyncClusterAdminClient:
         """Straight to the broker the id names (its host:port), with that broker's transport."""
         host, port, _ = msgid.decode(msg_id)
         scheme = "tcp"
-        for b in await self.brokers():
+        for b in (await self.nameservers.cluster_info()).brokers:  # every member: the id may name a replica
             if b.address.endswith(f"://{host}:{port}"):
                 scheme = b.address.split("://", 1)[0]
         return await (await self.on(f"{scheme}://{host}:{port}")).get_message(msg_id)

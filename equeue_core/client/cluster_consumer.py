@@ -13,6 +13,9 @@ here, over all brokers at once (RocketMQ's RebalanceImpl):
 - every readable queue of every live broker becomes a `BrokerQueue(topic, broker, queue_id)`, and
   the group's allocation strategy shares the sorted list among the sorted members, so every member
   computes the same split; broadcasting takes them all;
+- a broker group is pulled at the address its route gives: its master, or while it has none a
+  replica (RocketMQ's slave-read fallback); when that address changes (failover, the master back)
+  the part is restarted there from the offsets committed on it;
 - a broker that leaves the route (it died: the name servers drop it at once) has its part closed:
   the others go on; when it is back in the route a new part starts its queues from the offsets
   committed on it, so what was handled but not committed is delivered again (at least once).
@@ -147,6 +150,9 @@ class AsyncClusterConsumer:
             brokers = {b.name: b.address for r in routes.values() for b in r.brokers if b.readable}
             for name in sorted(set(self.parts) - set(brokers)):
                 await self._close_part(name)
+            for name in sorted(n for n, part in self.parts.items() if part.broker != brokers[n]):
+                # the group's master changed, or it died and a replica serves reads (or the master is back)
+                await self._close_part(name, why=f"its route moved to {brokers[name]}")
             for name in sorted(set(brokers) - set(self.parts)):
                 await self._start_part(name, brokers[name])
             members = await self._members()

@@ -23,7 +23,7 @@ from equeue_core.client.credentials import ClientLink, client_link
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.codes import Code
 from equeue_core.contracts import TransportSettings
-from equeue_core.errors import TopicNotFoundError, TransportError
+from equeue_core.errors import NotLeaderError, TopicNotFoundError, TransportError
 from equeue_core.nameserver.addresses import parse_nameservers
 from equeue_core.nameserver.routes import ClusterInfo, TopicRoute
 
@@ -109,6 +109,58 @@ class AsyncNameServerClient:
         """The current name server's address, version, expiry_s, broker count and counters."""
         return await self.request(Code.NAMESERVER_INFO)
 
+    async def leader_request(self, code: int, header: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A controller request only the Raft leader answers (ELECT_MASTER): each name server is
+        asked in turn until one is the leader. NotLeaderError when none is (an election is running,
+        or no majority is up), TransportError when none answers."""
+        failures: list[str] = []
+        not_leader: NotLeaderError | None = None
+        for address in self.addresses:
+            try:
+                return await self._ask(address, code, header or {})
+            except NotLeaderError as e:
+                not_leader = e
+            except TransportError as e:
+                failures.append(f"{address}: {e}")
+                conn = self._conns.pop(address, None)
+                if conn is not None:
+                    await conn.close()
+        if not_leader is not None:
+            raise NotLeaderError(f"no name server's controller is the Raft leader now ({not_leader})")
+        raise TransportError("no name server reachable: " + "; ".join(failures))
+
+    async def controller_info(self) -> dict[str, Any]:
+        """The controller's view (CONTROLLER_INFO): Raft state and every group's master, epoch,
+        members, in-sync set and lag. Asked of the leader when one answers, else of any."""
+        return await self._leader_info()
+
+    async def _leader_info(self) -> dict[str, Any]:
+        first: dict[str, Any] | None = None
+        failures: list[str] = []
+        for address in self.addresses:
+            try:
+                info = await self._ask(address, Code.CONTROLLER_INFO, {})
+            except TransportError as e:
+                failures.append(f"{address}: {e}")
+                conn = self._conns.pop(address, None)
+                if conn is not None:
+                    await conn.close()
+                continue
+            if info.get("state") == "leader":
+                return info
+            first = first or info
+        if first is not None:
+            return first
+        raise TransportError("no name server reachable: " + "; ".join(failures))
+
+    async def elect_master(self, cluster: str, name: str, broker_id: int | None = None) -> dict[str, Any]:
+        """Move the group's mastership by hand (to `broker_id`, an in-sync member; or to the best
+        in-sync member). FailoverRefusedError with the reason when it may not."""
+        header: dict[str, Any] = {"cluster": cluster, "name": name}
+        if broker_id is not None:
+            header["broker_id"] = broker_id
+        return await self.leader_request(Code.ELECT_MASTER, header)
+
     async def close(self) -> None:
         conns, self._conns = list(self._conns.values()), {}
         for conn in conns:
@@ -141,6 +193,12 @@ class NameServerClient:
 
     def info(self) -> dict[str, Any]:
         return run_sync(self._async.info())
+
+    def controller_info(self) -> dict[str, Any]:
+        return run_sync(self._async.controller_info())
+
+    def elect_master(self, cluster: str, name: str, broker_id: int | None = None) -> dict[str, Any]:
+        return run_sync(self._async.elect_master(cluster, name, broker_id))
 
     def close(self) -> None:
         run_sync(self._async.close())

@@ -28,7 +28,9 @@ from equeue_core.codes import Code
 from equeue_core.errors import (
     BrokerBusyError,
     ClientClosedError,
+    EQueueError,
     InvalidMessageError,
+    RequestTimeoutError,
     TopicNotFoundError,
     TransportError,
 )
@@ -294,7 +296,17 @@ class AsyncProducer:
                 conn = await self._router.connection(queue.broker)
                 resp = await conn.request(Code.SEND, {"topic": topic, "queue_id": queue.queue_id, **extra},
                                           body, self.send_timeout)
-            except TransportError as e:
+            except EQueueError as e:
+                if not isinstance(e, TransportError) and e.code != "not_master":
+                    raise
+                if e.code == "not_master":  # a failover moved the group's master: follow the route to it
+                    tried.append(queue.broker)
+                    errors.append(f"{queue.broker}: {e}")
+                    if len(tried) > self.retries:
+                        raise
+                    await asyncio.sleep(0.2 * len(tried))
+                    queue = await self._retry_queue(topic, queue, [], True)
+                    continue
                 self._fault.failed(queue.broker)
                 await self._router.forget_connection(queue.broker)
                 tried.append(queue.broker)
@@ -436,8 +448,15 @@ class Producer:
         return self._async._enqueue(self._route(message.topic), message, routing_key, linger)
 
     def send(self, message: Message, routing_key: str | None = None, timeout: float | None = None) -> SendResult:
-        """Send one message and wait for its result (no linger: it leaves at once)."""
-        return self.send_async(message, routing_key, linger=False).result(timeout or self._async.send_timeout * 3)
+        """Send one message and wait for its result (no linger: it leaves at once). The default wait
+        covers every retry (a hung broker takes send_timeout per try); past it RequestTimeoutError,
+        and the message may still be stored (at least once)."""
+        limit = timeout or self._async.send_timeout * (self._async.retries + 2)
+        try:
+            return self.send_async(message, routing_key, linger=False).result(limit)
+        except concurrent.futures.TimeoutError:
+            raise RequestTimeoutError(f"send to {message.topic} not answered within {limit:g}s; "
+                                      "it may still be stored") from None
 
     def send_oneway(self, message: Message, routing_key: str | None = None) -> None:
         """Send without waiting for (or reporting) the result."""

@@ -7,6 +7,13 @@ fetched from any name server (AsyncNameServerClient moves to the next on failure
 (`route(topic, refresh=True)`). Connections to brokers open on first use and are dropped when a
 request over them fails with a transport error, so a broker that returns gets a fresh one.
 
+A broker name is a *group* (docs/replication.md): the route gives its master's address, where
+sends and pulls go, and its replicas' addresses. While a group has no live master the name
+servers route it read-only to a replica (RocketMQ's slave-read fallback); after a failover the
+same name leads to the new master. A send refused with `not_master`, or failing on a dead
+connection, refreshes the route at once (client/producer.py), so clients follow a new master
+within a route fetch of the controller's decision, not after `route_refresh_s`.
+
 Queues are named by `BrokerQueue(topic, broker, queue_id)`: queue ids are per broker. It is a
 tuple, so the queue selectors and allocation strategies that choose among plain queue ids or
 (topic, queue id) pairs choose among these unchanged, and sorting them is stable.
@@ -57,7 +64,8 @@ class ClusterRouter:
         self.settings = settings or TransportSettings(connect_timeout=min(5.0, timeout))
         self.credentials = dict(credentials or {})
         self._routes: dict[str, _Cached] = {}
-        self._addresses: dict[str, str] = {}  # broker name -> address, from the latest routes
+        self._addresses: dict[str, str] = {}  # broker name -> address (its master's), from the latest routes
+        self._replicas: dict[str, tuple[str, ...]] = {}  # broker name -> its replicas' addresses
         self._conns: dict[str, BrokerConnection] = {}  # address -> connection
         self._connecting = asyncio.Lock()
 
@@ -75,6 +83,7 @@ class ClusterRouter:
                 return c.route  # no name server answers: keep going on what we know
             for b in route.brokers:
                 self._addresses[b.name] = b.address
+                self._replicas[b.name] = b.replicas
             c = self._routes[topic] = _Cached(route, time.monotonic())
         return c.route
 
@@ -87,6 +96,10 @@ class ClusterRouter:
             return self._addresses[broker]
         except KeyError:
             raise TransportError(f"broker {broker!r} is in no route this client knows") from None
+
+    def replicas_of(self, broker: str) -> tuple[str, ...]:
+        """The addresses of the group's replicas, as the latest route gave them."""
+        return self._replicas.get(broker, ())
 
     async def connection(self, broker: str) -> BrokerConnection:
         """The connection to broker `broker` (by name), opened on first use."""

@@ -45,10 +45,35 @@ def families(snap: dict[str, Any]) -> Iterator[Metric]:
                             "Seconds since each live broker last registered.", labels=["cluster", "broker"])
     topics = GaugeMetricFamily("equeue_nameserver_broker_topics", "Topics each live broker registered.",
                                labels=["cluster", "broker"])
-    for b in snap["brokers"]:
+    seen: set[tuple[str, str]] = set()
+    for b in snap["brokers"]:  # one sample per group (its lowest broker id): the labels name no broker id
+        if (b["cluster"], b["name"]) in seen:
+            continue
+        seen.add((b["cluster"], b["name"]))
         age.add_metric([b["cluster"], b["name"]], b["heartbeat_age_s"])
         topics.add_metric([b["cluster"], b["name"]], b["topics"])
     yield age
     yield topics
     for key, (name, doc) in COUNTERS.items():
         yield CounterMetricFamily(name, doc, value=snap["stats"][key])
+    ctl = snap.get("controller")
+    if ctl is not None:  # the name server runs the controller (docs/controller.md)
+        yield GaugeMetricFamily("equeue_controller_leader", "1 while this name server's controller is the Raft leader.",
+                                value=1 if ctl["leader"] else 0)
+        yield CounterMetricFamily("equeue_controller_elections", "Masters elected by this name server as Raft leader.",
+                                  value=ctl["elections"])
+        epoch = GaugeMetricFamily("equeue_controller_group_epoch", "Each broker group's committed epoch.",
+                                  labels=["cluster", "group"])
+        has_master = GaugeMetricFamily("equeue_controller_group_has_master",
+                                       "1 while the broker group has a master, 0 while it is read-only.",
+                                       labels=["cluster", "group"])
+        in_sync = GaugeMetricFamily("equeue_controller_group_in_sync_replicas",
+                                    "Replicas in the group's in-sync set as its master last reported.",
+                                    labels=["cluster", "group"])
+        for g in ctl["groups"]:
+            epoch.add_metric([g["cluster"], g["name"]], g["epoch"])
+            has_master.add_metric([g["cluster"], g["name"]], 1 if g["has_master"] else 0)
+            in_sync.add_metric([g["cluster"], g["name"]], g["in_sync"])
+        yield epoch
+        yield has_master
+        yield in_sync

@@ -37,13 +37,18 @@ class TopicEntry:
 
 @dataclass(frozen=True, slots=True)
 class BrokerRoute:
-    """One broker's part of a topic's route: where it is and which queue ids (0..queues-1) it has."""
+    """One broker group's part of a topic's route: where it is and which queue ids (0..queues-1)
+    it has. `address` is the group's master (sends and pulls); while the group has no live master
+    it is a replica's, `is_master` is False and `perm` has no write bit. `replicas` are the other
+    live members' addresses, where a consumer pulls when the master does not answer."""
 
     cluster: str
     name: str
     address: str  # "scheme://host:port", the scheme names the transport plugin
     queues: int
     perm: int
+    replicas: tuple[str, ...] = ()
+    is_master: bool = True
 
     @property
     def readable(self) -> bool:
@@ -55,11 +60,13 @@ class BrokerRoute:
 
     def to_wire(self) -> dict[str, Any]:
         return {"cluster": self.cluster, "name": self.name, "address": self.address,
-                "queues": self.queues, "perm": self.perm}
+                "queues": self.queues, "perm": self.perm, "replicas": list(self.replicas),
+                "master": self.is_master}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> BrokerRoute:
-        return cls(str(d["cluster"]), str(d["name"]), str(d["address"]), int(d["queues"]), int(d["perm"]))
+        return cls(str(d["cluster"]), str(d["name"]), str(d["address"]), int(d["queues"]), int(d["perm"]),
+                   tuple(str(a) for a in d.get("replicas") or ()), bool(d.get("master", True)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,16 +95,23 @@ class BrokerSummary:
     data_version: int
     heartbeat_age_s: float  # seconds since its last registration reached this name server
     registered_age_s: float  # seconds since it (last) joined this name server
+    broker_id: int = 0
+    role: str = "master"  # as it registered (its replication role; "master" without replication)
+    epoch: int = 0
+    log_end: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         return {"cluster": self.cluster, "name": self.name, "address": self.address, "topics": self.topics,
                 "data_version": self.data_version, "heartbeat_age_s": self.heartbeat_age_s,
-                "registered_age_s": self.registered_age_s}
+                "registered_age_s": self.registered_age_s, "broker_id": self.broker_id, "role": self.role,
+                "epoch": self.epoch, "log_end": self.log_end}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> BrokerSummary:
         return cls(str(d["cluster"]), str(d["name"]), str(d["address"]), int(d["topics"]),
-                   int(d["data_version"]), float(d["heartbeat_age_s"]), float(d["registered_age_s"]))
+                   int(d["data_version"]), float(d["heartbeat_age_s"]), float(d["registered_age_s"]),
+                   int(d.get("broker_id", 0)), str(d.get("role", "master")), int(d.get("epoch", 0)),
+                   int(d.get("log_end", 0)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +122,24 @@ class ClusterInfo:
 
     @property
     def clusters(self) -> dict[str, list[str]]:
-        """cluster -> broker names (sorted)."""
+        """cluster -> broker (group) names, sorted, each once."""
         out: dict[str, list[str]] = {}
         for b in self.brokers:
-            out.setdefault(b.cluster, []).append(b.name)
+            names = out.setdefault(b.cluster, [])
+            if b.name not in names:
+                names.append(b.name)
         return out
+
+    def fronts(self) -> list[BrokerSummary]:
+        """One member per broker group, the one an admin call goes to: the member registered as
+        master (the highest epoch if several say so), else the lowest broker id."""
+        best: dict[tuple[str, str], BrokerSummary] = {}
+        for b in self.brokers:
+            cur = best.get((b.cluster, b.name))
+            if cur is None or (b.role == "master", b.epoch, -b.broker_id) > (cur.role == "master", cur.epoch,
+                                                                            -cur.broker_id):
+                best[(b.cluster, b.name)] = b
+        return sorted(best.values(), key=lambda b: (b.cluster, b.name))
 
     def to_wire(self) -> dict[str, Any]:
         return {"clusters": self.clusters, "brokers": [b.to_wire() for b in self.brokers]}

@@ -19,7 +19,7 @@ from equeue_core.codes import Code
 from equeue_core.config import Config
 from equeue_core.contracts import ServerConnection
 from equeue_core.dispatch import Handler, dispatch, header_int, header_str
-from equeue_core.errors import ConfigError, ProtocolError
+from equeue_core.errors import ConfigError, NoControllerError, ProtocolError
 from equeue_core.frame import Frame
 from equeue_core.nameserver.registry import RouteRegistry
 from equeue_core.nameserver.routes import check_broker_name, topics_from_wire
@@ -30,6 +30,16 @@ if TYPE_CHECKING:
     from equeue_core.broker.access_gate import AccessGate
 
 log = logging.getLogger("equeue.nameserver")
+
+
+def optional_int(header: dict, key: str, default: int = 0) -> int:
+    """An optional non-negative integer header field (absent: `default`; ProtocolError if malformed)."""
+    if key not in header:
+        return default
+    v = header_int(header, key)
+    if v < 0:
+        raise ProtocolError(f"header field {key!r} must not be negative")
+    return v
 
 
 def sweep_interval(expiry_s: float) -> float:
@@ -55,6 +65,16 @@ class NameServer:
             Code.GET_CLUSTER_INFO: self.on_cluster_info,
             Code.NAMESERVER_INFO: self.on_info,
         }
+        self.controller: Any = None  # a Controller when config.controller_peers is set (docs/controller.md)
+        if config.controller_peers:
+            from equeue_core.controller.service import Controller
+
+            self.controller = Controller(config)
+            self.registry.master_of = self.controller.master_of
+            self._handlers.update(self.controller.handlers)
+        else:
+            self._handlers.update(dict.fromkeys((Code.CONTROLLER_HEARTBEAT, Code.CONTROLLER_INFO, Code.ELECT_MASTER),
+                                                self.on_no_controller))
 
     async def start(self) -> None:
         cfg = self.config
@@ -63,6 +83,8 @@ class NameServer:
         self._server = await transport.serve(cfg.host, cfg.port, self, server_settings(cfg))
         self.address = tuple(self._server.address)[:2]  # type: ignore[assignment]
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+        if self.controller is not None:
+            self.controller.start()
         if cfg.nameserver_metrics_port:
             from equeue_core.broker.prometheus import MetricsEndpoint
             from equeue_core.nameserver import metrics
@@ -78,14 +100,21 @@ class NameServer:
     async def metrics_snapshot(self) -> dict[str, Any]:
         """What a scrape renders (equeue_core/nameserver/metrics.py), taken on the event loop."""
         info = self.registry.cluster_info(count=False).to_wire()
-        return {"address": f"{self.address[0]}:{self.address[1]}", "transport": self.config.transport,
-                "clusters": {c: len(names) for c, names in info["clusters"].items()},
-                "brokers": info["brokers"], "stats": self.registry.stats.as_dict()}
+        per_cluster: dict[str, int] = {}
+        for b in info["brokers"]:  # every member of every group counts
+            per_cluster[b["cluster"]] = per_cluster.get(b["cluster"], 0) + 1
+        snap = {"address": f"{self.address[0]}:{self.address[1]}", "transport": self.config.transport,
+                "clusters": per_cluster, "brokers": info["brokers"], "stats": self.registry.stats.as_dict()}
+        if self.controller is not None:
+            snap["controller"] = self.controller.metrics_snapshot()
+        return snap
 
     async def stop(self) -> None:
         if self.metrics_endpoint is not None:
             await asyncio.to_thread(self.metrics_endpoint.close)
             self.metrics_endpoint = None
+        if self.controller is not None:
+            await self.controller.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
@@ -107,6 +136,8 @@ class NameServer:
 
     def connection_lost(self, conn: ServerConnection) -> None:
         self.registry.connection_lost(conn.id)
+        if self.controller is not None:
+            self.controller.connection_lost(conn.id)
 
     # ------------------------------------------------------------ requests
 
@@ -127,12 +158,21 @@ class NameServer:
         h = frame.header
         cluster, name, address = self._broker_key(h)
         topics = topics_from_wire(h.get("topics"))
-        self.registry.register(cluster, name, address, topics, header_int(h, "data_version"), conn.id)
+        role = h.get("role", "master")
+        if role not in ("master", "replica"):
+            raise ProtocolError(f"header field 'role' must be 'master' or 'replica', not {role!r}")
+        self.registry.register(cluster, name, address, topics, header_int(h, "data_version"), conn.id,
+                               optional_int(h, "broker_id"), role, optional_int(h, "epoch"),
+                               optional_int(h, "log_end"))
         return frame.response({"cluster": cluster, "name": name, "expiry_s": self.registry.expiry_s})
 
     async def on_unregister(self, conn: ServerConnection, frame: Frame) -> Frame | None:
         removed = self.registry.unregister(*self._broker_key(frame.header))
         return None if frame.is_oneway else frame.response({"removed": removed})
+
+    async def on_no_controller(self, conn: ServerConnection, frame: Frame) -> Frame:
+        raise NoControllerError(f"name server {self.address[0]}:{self.address[1]} runs no controller "
+                                "(start it with --controller-peers and --controller-port)")
 
     async def on_get_route(self, conn: ServerConnection, frame: Frame) -> Frame:
         return frame.response(self.registry.route(header_str(frame.header, "topic")).to_wire())
