@@ -36,6 +36,7 @@ class NameServerProcess(BrokerProcess):
     def command(self) -> list[str]:
         return [sys.executable, "-m", "equeue_core.cli.main", "nameserver", "--host", "127.0.0.1",
                 "--port", str(self.port), "--transport", self.transport, "--metrics-port", str(self.metrics_port),
+                *self.extra_args,
                 *(["--controller-peers", self.controller_peers, "--controller-port", str(self.controller_port)]
                   if self.controller_peers else [])]
 
