@@ -37,6 +37,10 @@ class PullHold:
                 if not fut.done():
                     fut.set_result(None)
 
+    def queues(self) -> list[tuple[str, int]]:
+        """The (topic, queue id) pairs pulls are held on now."""
+        return list(self._waiting)
+
     def wake_all(self) -> None:
         for key in list(self._waiting):
             self.notify(*key)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from equeue_core.errors import NotEnoughReplicasError, ProtocolError, ReplicaRefusedError
 from equeue_core.frame import Frame
+from equeue_core.threads import run_to_end
 
 if TYPE_CHECKING:
     from equeue_core.replication.replication import Replication
@@ -31,6 +32,7 @@ IN_SYNC_SILENCE_S = 10.0
 ACK_TIMEOUT_S = 5.0
 MAX_FETCH_BYTES = 4 * 1024 * 1024
 MAX_WAIT_MS = 5000
+INLINE_READ_BYTES = 1024 * 1024  # a fetch this close to the log end reads on the event loop
 
 
 @dataclass
@@ -191,7 +193,11 @@ class Master:
                                       "directory")
         r.acked, r.last_seen, r.connected = position, time.monotonic(), True
         self._settle()
-        data = self.repl.log.read_log(position, max_bytes)
+        if end - position > INLINE_READ_BYTES:
+            # a replica catching up reads old chunks, maybe from disk: off the event loop
+            data = await run_to_end(self.repl.log.read_log, position, max_bytes)
+        else:  # the newest bytes (the file store's ring): cheaper than a thread hop
+            data = self.repl.log.read_log(position, max_bytes)
         if not data and wait_ms:
             grew = self._grew
             try:

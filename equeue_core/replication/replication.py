@@ -61,6 +61,7 @@ class Replication:
         self.meta = MetaSync(self)
         self.copier: ReplicaCopier | None = None
         self._change = asyncio.Lock()
+        self._held_ends: dict[tuple[str, int], int] = {}  # queue ends at the last copy (copied())
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -179,12 +180,19 @@ class Replication:
             self.master.appended()
 
     def copied(self, end: int) -> None:
-        """A replica stored copied records: wake the pulls held on it."""
-        self.broker.hold.wake_all()
+        """A replica stored copied records: wake the pulls held on queues that grew since the last
+        copy (a queue seen for the first time counts as grown). O(held queues), no record walk."""
+        hold, store = self.broker.hold, self.broker.store
+        for topic, qid in hold.queues():
+            hi = store.queue_range(topic, qid)[1]
+            if self._held_ends.get((topic, qid)) != hi:
+                self._held_ends[(topic, qid)] = hi
+                hold.notify(topic, qid)
 
     async def truncate(self, position: int) -> None:
         self.log.truncate_log(position)
         self.epochs.truncate(position)
+        self._held_ends.clear()
         self.broker.hold.wake_all()
 
     def connection_lost(self, conn_id: int) -> None:

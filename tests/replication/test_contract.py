@@ -56,3 +56,27 @@ def test_a_send_stamped_with_another_epoch_is_refused_not_stored(tmp_path):
             assert status(b)["log_end"] == 0
         assert asyncio.run(send(2))["first_offset"] == 0
         assert status(b)["log_end"] > 0
+
+
+def test_replication_cli_shows_status_and_demotes_a_master_to_a_replica(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "equeue_core.cli.main", "replication", *args],
+                              capture_output=True, text=True, timeout=60)
+
+    a = master(tmp_path, name="a")
+    b = master(tmp_path, name="b", broker_id=1)
+    with a.start(), b.start():
+        out = cli("status", "--broker", b.address)
+        assert out.returncode == 0 and json.loads(out.stdout)["role"] == "master"
+        out = cli("demote", "--broker", b.address, "--master", f"127.0.0.1:{a.port}")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["role"] == "replica"
+        wait_in_sync(a)
+        out = cli("demote", "--broker", b.address)
+        assert out.returncode == 2 and "needs --master" in out.stderr
+        out = cli("promote", "--broker", b.address, "--epoch", "0")
+        assert out.returncode == 1 and out.stderr.startswith("error:")

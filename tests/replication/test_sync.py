@@ -79,3 +79,30 @@ def test_sync_send_needing_two_replicas_with_one_in_sync_is_refused_before_stori
         with Producer(m.address) as p, pytest.raises(NotEnoughReplicasError, match="1 in-sync replica.*needs 2"):
             p.send_batch(_batch(10, "two"))
         assert status(m)["log_end"] == 0
+
+
+def test_a_stalled_replica_leaves_the_in_sync_set_when_too_far_behind_or_silent_and_rejoins(tmp_path):
+    import os
+    import signal
+
+    m = master(tmp_path)
+    m.env["EQUEUE_REPLICA_MAX_LAG_BYTES"] = "10000"
+    r = replica(tmp_path, m)
+    with m.start(), r.start():
+        wait_in_sync(m)
+        os.kill(r.proc.pid, signal.SIGSTOP)
+        try:
+            with Producer(m.address) as p:  # async replication: answered while the replica is stalled
+                p.send_batch([Message(TOPIC, b"x" * 1000) for _ in range(50)])
+            st = status(m)
+            assert st["in_sync"] == [] and st["replicas"]["1"]["lag_bytes"] > 10000  # too far behind
+        finally:
+            os.kill(r.proc.pid, signal.SIGCONT)
+        wait_in_sync(m)  # caught up: back in the set
+        os.kill(r.proc.pid, signal.SIGSTOP)
+        try:  # nothing sent: it leaves the set only by its silence (10 s)
+            assert wait_until(lambda: status(m)["in_sync"] == [], 40, 0.5), status(m)
+            assert status(m)["replicas"]["1"]["lag_bytes"] == 0
+        finally:
+            os.kill(r.proc.pid, signal.SIGCONT)
+        wait_in_sync(m)
