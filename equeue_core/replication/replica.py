@@ -1,7 +1,7 @@
 """The replica's side: connect to the master, find where the logs agree, copy from there.
 
 One task per become_replica. It connects with the normal client transport (so a `tls://` master
-address uses the client's EQUEUE_TLS_* files), says hello (the master refuses another broker
+address uses the broker's link_* credentials: link_tls_ca and the rest, docs/security.md), says hello (the master refuses another broker
 group or a replica whose epoch is ahead), asks the master's epoch list, truncates its own log
 past the last point both logs agree on (epochs.divergence_point), then fetches from its end in a
 loop: each fetch reports that end, which is the master's acknowledgement. Every second it also
@@ -85,11 +85,12 @@ class ReplicaCopier:
 
     async def _copy(self) -> None:
         from equeue_core.client.connection import BrokerConnection
+        from equeue_core.client.credentials import client_link
 
         repl = self.repl
         cfg = repl.config
-        settings = TransportSettings(max_frame_size=cfg.max_frame_size)
-        self._conn = conn = await BrokerConnection(self.master_address, settings).connect()
+        link = client_link(cfg, TransportSettings(max_frame_size=cfg.max_frame_size))
+        self._conn = conn = await BrokerConnection(self.master_address, link=link).connect()
         hello = (await conn.request(Code.REPL_HELLO, {
             "cluster": cfg.cluster, "name": cfg.broker_name, "broker_id": cfg.broker_id,
             "epoch": repl.epochs.last_epoch, "address": repl.own_address()}, timeout=10)).header

@@ -24,9 +24,9 @@ def master(tmp: Path, name: str = "m", broker_id: int = 0, replication: str = "a
 
 def replica(tmp: Path, of: BrokerProcess | str, name: str = "r", broker_id: int = 1, store: str = "file",
             replication: str = "async", group: list[str] | None = None, port: int | None = None,
-            transport: str = "tcp") -> BrokerProcess:
+            transport: str = "tcp", env: dict[str, str] | None = None) -> BrokerProcess:
     address = of if isinstance(of, str) else f"127.0.0.1:{of.port}"
-    return BrokerProcess(tmp / name, store=store, port=port, transport=transport, extra_args=[
+    return BrokerProcess(tmp / name, store=store, port=port, transport=transport, env=env, extra_args=[
         *(group or GROUP), "--broker-id", str(broker_id), "--role", "replica", "--master", address,
         "--replication", replication])
 

@@ -11,6 +11,7 @@ from equeue_core.client.message import Message
 from equeue_core.client.producer import Producer
 from equeue_core.errors import NotMasterError
 from tests.conformance.stores.kit import open_store
+from tests.helpers.certs import session_certs
 from tests.helpers.waiting import wait_until
 
 from .group import log_text, master, replica, status, wait_caught_up, wait_in_sync
@@ -132,11 +133,12 @@ def test_a_replica_far_behind_catches_up_in_fetches_that_fit_the_frame_limit(tmp
 
 
 @pytest.mark.parametrize("transport", ["tls"])
-def test_a_replica_copies_from_a_tls_master_with_the_client_tls_settings(tmp_path, transport):
-    # the tls_client_ca fixture (tests/conftest.py) puts the session CA in EQUEUE_TLS_CA, which the
-    # replica broker inherits: its connection to the tls:// master verifies the master with it
+def test_a_replica_copies_from_a_tls_master_with_its_link_tls_settings(tmp_path, transport):
+    # a broker's own outgoing links (registration, replication) use its link_* keys, never a
+    # client's EQUEUE_TLS_* variables: the replica verifies the tls:// master with link_tls_ca
     m = master(tmp_path, transport=transport, replication="sync")
-    r = replica(tmp_path, m.address, transport=transport)
+    r = replica(tmp_path, m.address, transport=transport,
+                env={"EQUEUE_LINK_TLS_CA": str(session_certs().ca)})
     with m.start(), r.start():
         wait_in_sync(m)
         _send(m.address, 2000)
