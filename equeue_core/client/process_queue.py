@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from typing import Any
 
 from equeue_core.client.message import ReceivedMessage
 
@@ -32,6 +33,7 @@ class ProcessQueue:
         self.needs_offset = False  # orderly: after a lost lock, start again from the committed offset
         self.last_committed: int | None = None
         self.parked_at: int | None = None  # stopped at this offset: a corrupt record (consumer._park)
+        self.pull_batch: Any = None  # the consumer's AdaptivePullBatch for this queue, made on first use
         # Set whenever something changes that a waiting loop may care about (messages handled,
         # messages arrived, lock gained, queue dropped): loops wait on it instead of polling.
         self.changed = asyncio.Event()
