@@ -22,8 +22,9 @@ Cases (`--only`):
   computes between sends): the client must deliver without idle time in the caller's thread.
 - single: `send` one at a time, as fast as it goes (async flush, and sync flush).
 - produce: `send_async` as fast as it goes (that adaptive batching keeps its throughput).
-- scan: produce (`send_async`) and consume (one consumer, default pull batch) rates for a topic of
-  4, 100 and 1000 queues and for 100 topics of 4 queues.
+- scan: produce (`send_async`) and consume (one consumer, default pull batch; from the first message
+  handled, and with the consumer's start) rates for a topic of 4, 100 and 1000 queues and for 100
+  topics of 4 queues.
 - memory: broker RSS growth per idle client connection and per queue (created, one message each).
 
 Not a test: nothing here asserts a time.
@@ -187,12 +188,15 @@ def role_scan(address: str, topics: int, queues: int, count: int) -> dict:
         produce_s = time.perf_counter() - start
     total = count + topics
     seen = 0
+    first = 0.0
     lock = threading.Lock()
     done = threading.Event()
 
     def handler(m) -> None:
-        nonlocal seen
+        nonlocal seen, first
         with lock:
+            if not seen:
+                first = time.perf_counter()
             seen += 1
             if seen >= total:
                 done.set()
@@ -202,11 +206,13 @@ def role_scan(address: str, topics: int, queues: int, count: int) -> dict:
         c.subscribe(t)
     start = time.perf_counter()
     c.start(handler)
+    started_s = time.perf_counter() - start
     done.wait(300)
-    consume_s = time.perf_counter() - start
+    end = time.perf_counter()
     c.close()
     return {"count": count, "produce_msgs_per_s": count / produce_s, "consumed": seen,
-            "consume_msgs_per_s": seen / consume_s}
+            "consume_start_s": started_s, "consume_msgs_per_s": seen / (end - first),
+            "consume_msgs_per_s_incl_start": seen / (end - start)}
 
 
 def rss_kib(pid: int) -> int:

@@ -52,6 +52,7 @@ class _Route:
 
 @dataclass
 class _OpenBatch:
+    queue: Any = None  # the queue id (a BrokerQueue with nameserver=) the whole batch goes to
     parts: list[bytes] = field(default_factory=list)
     size: int = 0
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
@@ -188,13 +189,22 @@ class AsyncProducer:
 
     def _enqueue(self, route: _Route, message: Message, routing_key: str | None,
                  linger: bool = True) -> SendFuture:
-        """Add a message to its queue's open batch (any thread); returns its result future.
-        Without linger the batch goes at the loop's next turn, taking whatever joined it by then."""
+        """Add a message to an open batch (any thread); returns its result future. Without
+        linger the batch goes at the loop's next turn, taking whatever joined it by then.
+
+        A message with a routing key joins the open batch of its queue (per-key order). With one
+        broker, one without joins the topic's one open batch, whose queue the selector chose when
+        the batch was opened (sticky per batch, like Kafka's sticky partitioner): batches stay as
+        large with 1000 queues as with 4, and batch after batch still spreads over every queue.
+        With nameserver= the selector still picks per message (round robin over the brokers'
+        queues message by message, as docs/cluster.md promises)."""
         if self._closed:
             raise ClientClosedError("the producer is closed")
-        queue = self._select(route, routing_key)
-        rec = message.encode(queue if isinstance(queue, int) else queue.queue_id)
-        key = (message.topic, queue, routing_key is not None)
+        pinned = routing_key is not None
+        queue = self._select(route, routing_key) if pinned or self._router is not None else None
+        # the broker stamps the queue id into every record it stores, so 0 is fine until then
+        rec = message.encode(0 if queue is None else queue if isinstance(queue, int) else queue.queue_id)
+        key = (message.topic, queue, pinned)
         with self._room:
             while self._pending >= self.max_in_flight:
                 if not self._room.wait(self.send_timeout):
@@ -204,7 +214,7 @@ class AsyncProducer:
             new = batch is None
             idle = key not in self._in_flight
             if batch is None:
-                batch = self._open[key] = _OpenBatch()
+                batch = self._open[key] = _OpenBatch(self._select(route, None) if queue is None else queue)
             index = len(batch.parts)
             batch.parts.append(rec)
             batch.size += len(rec)
@@ -255,9 +265,9 @@ class AsyncProducer:
             self._dispatch(key, waiting)
 
     async def _send_open_batch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
-        topic, queue, pinned = key
+        topic, _, pinned = key
         try:
-            answer = await self._send_frame(topic, queue, b"".join(batch.parts), {}, pinned)
+            answer = await self._send_frame(topic, batch.queue, b"".join(batch.parts), {}, pinned)
         except BaseException as e:
             self._release(len(batch.parts))
             batch.future.set_exception(e)
