@@ -149,6 +149,7 @@ def role_produce(address: str, topic: str, count: int, size: int) -> dict:
     body = os.urandom(size)
     with Producer(address) as p:
         p.send(Message(topic, body))
+        cpu0 = time.process_time()
         start = time.perf_counter()
         window = []
         for _ in range(count):
@@ -160,7 +161,8 @@ def role_produce(address: str, topic: str, count: int, size: int) -> dict:
         for f in window:
             f.result()
         elapsed = time.perf_counter() - start
-    return {"count": count, "msgs_per_s": count / elapsed}
+        cpu = time.process_time() - cpu0
+    return {"count": count, "msgs_per_s": count / elapsed, "cpu_us_per_msg": cpu * 1e6 / count}
 
 
 def role_scan(address: str, topics: int, queues: int, count: int) -> dict:
