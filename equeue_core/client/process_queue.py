@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Any
 
 from equeue_core.client.message import ReceivedMessage
+from equeue_core.client.pull_batch import AdaptivePullBatch
 
 
 class ProcessQueue:
@@ -33,7 +33,7 @@ class ProcessQueue:
         self.needs_offset = False  # orderly: after a lost lock, start again from the committed offset
         self.last_committed: int | None = None
         self.parked_at: int | None = None  # stopped at this offset: a corrupt record (consumer._park)
-        self.pull_batch: Any = None  # the consumer's AdaptivePullBatch for this queue, made on first use
+        self.pull_batch: AdaptivePullBatch | None = None  # made by the consumer on first use
         # Set whenever something changes that a waiting loop may care about (messages handled,
         # messages arrived, lock gained, queue dropped): loops wait on it instead of polling.
         self.changed = asyncio.Event()
