@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 RUNS = [
     ["bench.bench_broker", "--count", "200000"],
+    ["bench.bench_latency", "--seconds", "3", "--single-count", "5000", "--scan-count", "50000"],
     ["bench.bench_transports", "--duration", "2"],
     ["bench.bench_stores", "--records", "200000"],
     ["bench.bench_spark", "--messages", "300000"],

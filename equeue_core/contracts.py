@@ -358,6 +358,19 @@ class ClientConnection(Protocol):
     async def close(self) -> None: ...
 
 
+class BlockingClientConnection(Protocol):
+    """Optional: a transport may offer `connect_blocking(host, port, settings)` returning one of
+    these, for requests made in the caller's own thread (a synchronous `Producer.send` then needs
+    no hop through the client's loop thread). One request at a time; the caller serializes."""
+
+    def request(self, frame: Frame, timeout: float) -> Frame:
+        """Send a request (the transport assigns request_id) and wait for its response frame.
+        Raises RequestTimeoutError, ConnectionLostError, FrameTooLargeError."""
+        ...
+
+    def close(self) -> None: ...
+
+
 @runtime_checkable
 class Transport(Protocol):
     name: str

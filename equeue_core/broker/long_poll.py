@@ -14,16 +14,18 @@ class PullHold:
         self._waiting: dict[tuple[str, int], set[asyncio.Future]] = defaultdict(set)
 
     async def wait(self, topic: str, queue_id: int, timeout: float) -> bool:
-        """True if woken by an arrival, False on timeout."""
+        """True if woken by an arrival, False on timeout. The held pull awaits its future
+        directly (a timer resolves it with False): an arrival resumes it on the loop's next
+        turn, one turn sooner than through asyncio.wait_for's extra waiter."""
         key = (topic, queue_id)
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         self._waiting[key].add(fut)
+        timer = loop.call_later(timeout, _resolve, fut, False)
         try:
-            await asyncio.wait_for(fut, timeout)
-            return True
-        except TimeoutError:
-            return False
+            return await fut
         finally:
+            timer.cancel()
             waiters = self._waiting.get(key)
             if waiters is not None:
                 waiters.discard(fut)
@@ -34,8 +36,7 @@ class PullHold:
         waiters = self._waiting.pop((topic, queue_id), None)
         if waiters:
             for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
+                _resolve(fut, True)
 
     def queues(self) -> list[tuple[str, int]]:
         """The (topic, queue id) pairs pulls are held on now."""
@@ -48,3 +49,8 @@ class PullHold:
     @property
     def held(self) -> int:
         return sum(len(w) for w in self._waiting.values())
+
+
+def _resolve(fut: asyncio.Future, woken: bool) -> None:
+    if not fut.done():
+        fut.set_result(woken)

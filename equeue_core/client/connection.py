@@ -29,6 +29,15 @@ def raise_for_error(frame: Frame) -> Frame:
     return frame
 
 
+def signed_header(credentials: tuple[str, bytes] | None, code: int, header: dict[str, Any] | None,
+                  body: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """The header to send: as given without credentials, else signed with a fresh timestamp and
+    nonce (docs/security.md)."""
+    if credentials is None:
+        return header or {}
+    return signing.sign(int(code), header or {}, body, *credentials)
+
+
 class BrokerConnection:
     """Requests to one broker. Reconnects are the transport's job; this maps frames to results.
 
@@ -73,9 +82,7 @@ class BrokerConnection:
         return raise_for_error(resp)
 
     def _signed(self, code: int, header: dict[str, Any] | None, body: bytes) -> dict[str, Any]:
-        if self._credentials is None:
-            return header or {}
-        return signing.sign(int(code), header or {}, body, *self._credentials)
+        return signed_header(self._credentials, code, header, body)
 
     async def oneway(self, code: int, header: dict[str, Any] | None = None, body: bytes = b"") -> None:
         if self._closed or self._conn is None:

@@ -31,6 +31,7 @@ from equeue_core.client.credentials import credentials
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
+from equeue_core.client.pull_batch import PULL_BATCH_CEILING, PULL_BATCH_FLOOR, AdaptivePullBatch
 from equeue_core.codes import Code, PullStatus
 from equeue_core.errors import (
     ClientClosedError,
@@ -74,7 +75,7 @@ class AsyncConsumer:
 
     def __init__(self, group: str, broker: str = "127.0.0.1:10911", *, mode: str = "clustering",
                  consume_from: str | int = "last", allocation: str = "averagely", orderly: bool = False,
-                 consume_batch_size: int = 1, threads: int = 8, pull_batch: int = 32,
+                 consume_batch_size: int = 1, threads: int = 8, pull_batch: int | None = None,
                  max_reconsume_times: int = 16, consume_timeout: float = 900.0,
                  heartbeat_interval: float = 10.0, rebalance_interval: float = 20.0,
                  commit_interval: float = 5.0, lock_interval: float = 20.0, suspend_seconds: float = 1.0,
@@ -101,6 +102,7 @@ class AsyncConsumer:
         self.orderly = orderly
         self.consume_batch_size = max(1, consume_batch_size)
         self.threads = threads
+        # None: adaptive per queue (client/pull_batch.py), grows on a backlog, shrinks when idle
         self.pull_batch = pull_batch
         self.max_reconsume_times = max_reconsume_times
         self.consume_timeout = consume_timeout
@@ -136,7 +138,7 @@ class AsyncConsumer:
         # any more (read by worker threads before each call), so what stays unhandled stays
         # uncommitted.
         self._handing_out = False
-        self.stats = {"handled": 0, "failed": 0, "sent_back": 0, "pulls": 0, "corrupt": 0}
+        self.stats = {"handled": 0, "failed": 0, "sent_back": 0, "pulls": 0, "corrupt": 0, "pull_batch_peak": 0}
         self.corrupt_recheck_max = corrupt_recheck_max  # at most this many s between checks for a skip
         # Set by a ClusterConsumer (client/cluster_consumer.py) that runs this consumer as its part
         # on one broker: the coordinator then decides the queues (over every broker) and is told
@@ -261,8 +263,9 @@ class AsyncConsumer:
         for key in sorted(set(self.queues) - wanted):
             await self._drop_queue(key)
         added = sorted(wanted - set(self.queues))
-        for key in added:
-            await self._add_queue(key)
+        # their start offsets are asked for all at once (pipelined on the connection), so taking
+        # 1000 queues costs about one round trip, not 1000
+        await asyncio.gather(*(self._add_queue(key) for key in added))
         if added or len(wanted) != len(self.queues):
             log.info("%s now consumes %d queues", self.client_id, len(self.queues))
         if added and self.orderly:
@@ -370,8 +373,9 @@ class AsyncConsumer:
     async def _pull_loop(self, pq: ProcessQueue) -> None:
         assert self._conn is not None
         tags, hashes = self._filters.get(pq.topic, (None, None))
+        batch = self._pull_batch_of(pq)
         header: dict[str, Any] = {"group": self.group, "topic": pq.topic, "queue_id": pq.queue_id,
-                                  "max_count": self.pull_batch, "hold_ms": self.hold_ms}
+                                  "max_count": batch.size, "hold_ms": self.hold_ms}
         if hashes:
             header["tags"] = hashes
         backoff = 0.0
@@ -387,6 +391,7 @@ class AsyncConsumer:
                     pq.last_committed = pq.next_offset
                     pq.needs_offset = False
                 header["offset"] = pq.next_offset
+                header["max_count"] = batch.size
                 resp = await self._conn.request(Code.PULL, header, timeout=self.hold_ms / 1000 + 15)
             except asyncio.CancelledError:
                 raise
@@ -410,6 +415,9 @@ class AsyncConsumer:
             if pq.lock_epoch != epoch:  # pulled under a lock that is gone since: void
                 continue
             h = resp.header
+            if self.pull_batch is None and "max_offset" in h:
+                if batch.update(h["count"], h["next_offset"], h["max_offset"]) > self.stats["pull_batch_peak"]:
+                    self.stats["pull_batch_peak"] = batch.size
             if h["status"] == PullStatus.OFFSET_RESET:
                 log.warning("offset %d of %s/%d is out of range; moving to %d",
                             pq.next_offset, pq.topic, pq.queue_id, h["next_offset"])
@@ -429,6 +437,21 @@ class AsyncConsumer:
                         self._dispatch(pq, msgs)
             else:
                 pq.next_offset = h["next_offset"]
+
+    def _pull_batch_of(self, pq: ProcessQueue) -> AdaptivePullBatch:
+        """The queue's pull batch: fixed at `pull_batch` if one was given, else adaptive between
+        32 and 1024 (never above flow_max_messages, so one pull cannot overrun flow control)."""
+        if pq.pull_batch is None:
+            if self.pull_batch is not None:
+                pq.pull_batch = AdaptivePullBatch(self.pull_batch, self.pull_batch)
+            else:
+                ceiling = min(PULL_BATCH_CEILING, self.flow[0])
+                pq.pull_batch = AdaptivePullBatch(min(PULL_BATCH_FLOOR, ceiling), ceiling)
+        return pq.pull_batch
+
+    def pull_batches(self) -> dict[QueueKey, int]:
+        """The current pull batch size of every assigned queue."""
+        return {key: self._pull_batch_of(pq).size for key, pq in list(self.queues.items())}
 
     async def _park(self, pq: ProcessQueue, error: CorruptRecordError) -> None:
         """The broker refuses a record of this queue as corrupt: retrying cannot help, so the
@@ -653,7 +676,7 @@ class AsyncConsumer:
             if not pq.pending or not pq.holds_lock():
                 await pq.wait_change(0.5)
                 continue
-            run = list(itertools.islice(pq.pending, 0, max(self.pull_batch, self.consume_batch_size)))
+            run = list(itertools.islice(pq.pending, 0, max(self._pull_batch_of(pq).size, self.consume_batch_size)))
             epoch = pq.lock_epoch
             results = await self._handle(run, stop_on_failure=True,
                                          keep_going=lambda e=epoch: (self._handing_out and pq.holds_lock()
@@ -816,6 +839,10 @@ class Consumer:
 
     def assigned_queues(self) -> list[QueueKey]:
         return sorted(self._async.queues)
+
+    def pull_batches(self) -> dict[QueueKey, int]:
+        """The current pull batch size of every assigned queue (adaptive unless pull_batch= was given)."""
+        return self._async.pull_batches()
 
     def subscribe(self, topic: str, expression: str = "*") -> Consumer:
         self._async.subscribe(topic, expression)

@@ -13,6 +13,7 @@ import time
 from collections import deque
 
 from equeue_core.client.message import ReceivedMessage
+from equeue_core.client.pull_batch import AdaptivePullBatch
 
 
 class ProcessQueue:
@@ -32,6 +33,7 @@ class ProcessQueue:
         self.needs_offset = False  # orderly: after a lost lock, start again from the committed offset
         self.last_committed: int | None = None
         self.parked_at: int | None = None  # stopped at this offset: a corrupt record (consumer._park)
+        self.pull_batch: AdaptivePullBatch | None = None  # made by the consumer on first use
         # Set whenever something changes that a waiting loop may care about (messages handled,
         # messages arrived, lock gained, queue dropped): loops wait on it instead of polling.
         self.changed = asyncio.Event()

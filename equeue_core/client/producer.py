@@ -20,6 +20,7 @@ from typing import Any
 from equeue_core import record
 from equeue_core.client.connection import DEFAULT_TIMEOUT, BrokerConnection
 from equeue_core.client.credentials import credentials
+from equeue_core.client.direct import DirectConnection
 from equeue_core.client.fault import LatencyFaultTolerance
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import Message, SendResult
@@ -54,6 +55,7 @@ class _Route:
 
 @dataclass
 class _OpenBatch:
+    queue: Any = None  # the queue id (a BrokerQueue with nameserver=) the whole batch goes to
     parts: list[bytes] = field(default_factory=list)
     size: int = 0
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
@@ -143,6 +145,9 @@ class AsyncProducer:
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # guards _open and _pending
         self._open: dict[tuple[str, Any, bool], _OpenBatch] = {}
+        # batches sent and not yet answered, per batch key (guarded by _lock): a new batch leaves
+        # at once while its key has none in flight, else when the last one is answered
+        self._in_flight: dict[tuple[str, Any, bool], int] = {}
         self.max_in_flight = max_in_flight
         self._pending = 0
         self._tasks: set[asyncio.Future] = set()
@@ -190,13 +195,22 @@ class AsyncProducer:
 
     def _enqueue(self, route: _Route, message: Message, routing_key: str | None,
                  linger: bool = True) -> SendFuture:
-        """Add a message to its queue's open batch (any thread); returns its result future.
-        Without linger the batch goes at the loop's next turn, taking whatever joined it by then."""
+        """Add a message to an open batch (any thread); returns its result future. Without
+        linger the batch goes at the loop's next turn, taking whatever joined it by then.
+
+        A message with a routing key joins the open batch of its queue (per-key order). With one
+        broker, one without joins the topic's one open batch, whose queue the selector chose when
+        the batch was opened (sticky per batch, like Kafka's sticky partitioner): batches stay as
+        large with 1000 queues as with 4, and batch after batch still spreads over every queue.
+        With nameserver= the selector still picks per message (round robin over the brokers'
+        queues message by message, as docs/cluster.md promises)."""
         if self._closed:
             raise ClientClosedError("the producer is closed")
-        queue = self._select(route, routing_key)
-        rec = message.encode(queue if isinstance(queue, int) else queue.queue_id)
-        key = (message.topic, queue, routing_key is not None)
+        pinned = routing_key is not None
+        queue = self._select(route, routing_key) if pinned or self._router is not None else None
+        # the broker stamps the queue id into every record it stores, so 0 is fine until then
+        rec = message.encode(0 if queue is None else queue if isinstance(queue, int) else queue.queue_id)
+        key = (message.topic, queue, pinned)
         with self._room:
             while self._pending >= self.max_in_flight:
                 if not self._room.wait(self.send_timeout):
@@ -204,8 +218,9 @@ class AsyncProducer:
             self._pending += 1
             batch = self._open.get(key)
             new = batch is None
+            idle = key not in self._in_flight
             if batch is None:
-                batch = self._open[key] = _OpenBatch()
+                batch = self._open[key] = _OpenBatch(self._select(route, None) if queue is None else queue)
             index = len(batch.parts)
             batch.parts.append(rec)
             batch.size += len(rec)
@@ -217,7 +232,7 @@ class AsyncProducer:
         if full:
             loop.call_soon_threadsafe(self._dispatch, key, batch)
         elif new:
-            if linger:
+            if linger and not idle:
                 loop.call_soon_threadsafe(self._arm_linger, key, batch)
             else:
                 loop.call_soon_threadsafe(self._linger_expired, key, batch)
@@ -235,14 +250,30 @@ class AsyncProducer:
         self._dispatch(key, batch)
 
     def _dispatch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
+        with self._lock:
+            self._in_flight[key] = self._in_flight.get(key, 0) + 1
         task = asyncio.ensure_future(self._send_open_batch(key, batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _t: self._answered(key))
+
+    def _answered(self, key: tuple[str, Any, bool]) -> None:
+        """A batch of `key` was answered (or failed): with none of that key left in flight, the
+        batch that gathered meanwhile leaves now instead of waiting out its linger."""
+        with self._lock:
+            left = self._in_flight[key] - 1
+            if left:
+                self._in_flight[key] = left
+                return
+            del self._in_flight[key]
+            waiting = self._open.pop(key, None)
+        if waiting is not None:
+            self._dispatch(key, waiting)
 
     async def _send_open_batch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
-        topic, queue, pinned = key
+        topic, _, pinned = key
         try:
-            answer = await self._send_frame(topic, queue, b"".join(batch.parts), {}, pinned)
+            answer = await self._send_frame(topic, batch.queue, b"".join(batch.parts), {}, pinned)
         except BaseException as e:
             self._release(len(batch.parts))
             batch.future.set_exception(e)
@@ -425,11 +456,14 @@ class Producer:
         routes over every broker of a cluster (docs/cluster.md)."""
         self._async = AsyncProducer(broker, **options)
         self._started = False
+        self._direct: DirectConnection | None = None
 
     def start(self) -> Producer:
         if not self._started:
             background_loop()
             run_sync(self._async.start())
+            if self._async._conn is not None:  # one broker (with nameserver= sends go through the loop)
+                self._direct = DirectConnection.of(self._async._conn)
             self._started = True
         return self
 
@@ -448,15 +482,54 @@ class Producer:
         return self._async._enqueue(self._route(message.topic), message, routing_key, linger)
 
     def send(self, message: Message, routing_key: str | None = None, timeout: float | None = None) -> SendResult:
-        """Send one message and wait for its result (no linger: it leaves at once). The default wait
-        covers every retry (a hung broker takes send_timeout per try); past it RequestTimeoutError,
-        and the message may still be stored (at least once)."""
+        """Send one message and wait for its result (no linger: it leaves at once).
+
+        On a transport with blocking connections (tcp, tls) the request is written and awaited in
+        the calling thread itself (client/direct.py): no hop through the loop thread, and a caller
+        that keeps its thread busy between sends does not stall it. The loop path is used instead
+        while earlier `send_async` messages are still unacknowledged (so a message never overtakes
+        them), while another thread is using the direct connection, and for delayed messages.
+
+        The default wait covers every retry (a hung broker takes send_timeout per try); past it
+        RequestTimeoutError, and the message may still be stored (at least once)."""
+        self._check()
+        if self._direct is not None and message.delay_level is None and message.deliver_at is None:
+            result = self._send_direct(self._direct, message, routing_key, timeout)
+            if result is not None:
+                return result
         limit = timeout or self._async.send_timeout * (self._async.retries + 2)
         try:
             return self.send_async(message, routing_key, linger=False).result(limit)
         except concurrent.futures.TimeoutError:
             raise RequestTimeoutError(f"send to {message.topic} not answered within {limit:g}s; "
                                       "it may still be stored") from None
+
+    def _send_direct(self, direct: DirectConnection, message: Message, routing_key: str | None,
+                     timeout: float | None) -> SendResult | None:
+        """One SEND over the direct connection, retried like the loop path's (`retries` times on a
+        transport failure; a timed-out send may have been stored, so at least once). None: use the
+        loop path (see send)."""
+        a = self._async
+        if a._pending:  # read without the lock: a stale non-zero only costs the loop path
+            return None
+        route = self._route(message.topic)
+        queue_id = a._select(route, routing_key)
+        body = message.encode(queue_id)
+        header = {"topic": message.topic, "queue_id": queue_id}
+        attempt = 0
+        while True:
+            try:
+                resp = direct.try_request(Code.SEND, header, body, timeout or a.send_timeout)
+                break
+            except TransportError as e:
+                attempt += 1
+                if attempt > a.retries:
+                    raise TransportError(f"send to {message.topic}/{queue_id} failed after {attempt} tries: {e}") from e
+                time.sleep(0.1 * attempt)
+        if resp is None:
+            return None
+        h = resp.header
+        return SendResult(f"{h['id_prefix']}{h['positions'][0]:016X}", message.topic, queue_id, h["first_offset"])
 
     def send_oneway(self, message: Message, routing_key: str | None = None) -> None:
         """Send without waiting for (or reporting) the result."""
@@ -472,6 +545,8 @@ class Producer:
 
     def close(self) -> None:
         if self._started:
+            if self._direct is not None:
+                self._direct.close()
             run_sync(self._async.close())
             self._started = False
 

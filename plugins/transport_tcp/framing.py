@@ -5,7 +5,7 @@
 `feed(n)` parses whatever whole frames are now there. What it guarantees:
 
 - Memory per connection is bounded by what the peer has actually sent of the current frame (at most
-  about twice that, plus a 64 KiB scratch buffer): a head that *announces* 16 MiB pins 64 KiB, not 16 MiB.
+  about twice that, plus a 16 KiB scratch buffer): a head that *announces* 16 MiB pins kilobytes, not 16 MiB.
 - A length prefix over `max_frame` is never buffered: the reader reports it (`on_oversized`, with the
   parsed head so the caller can answer that request id) and then discards exactly that many bytes,
   so the stream stays in step and the connection stays usable.
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from equeue_core import frame as wire
 from equeue_core.errors import FrameTooLargeError, ProtocolError
 
-SCRATCH_SIZE = 64 * 1024  # initial receive buffer per connection
+SCRATCH_SIZE = 16 * 1024  # initial receive buffer per connection (what an idle connection holds)
 MIN_READ = 16 * 1024  # never offer the kernel less room than this
 HANDOVER_MIN = 128 * 1024  # frames at least this big keep their receive buffer instead of a copy
 

@@ -10,6 +10,7 @@ import ssl
 from collections.abc import Callable
 
 from equeue_plugins.transport_tcp import tls
+from equeue_plugins.transport_tcp.blocking import BlockingTcpConnection
 from equeue_plugins.transport_tcp.client import TcpClientConnection
 from equeue_plugins.transport_tcp.server import TcpServer
 
@@ -36,6 +37,11 @@ class TcpTransport:
         conn = TcpClientConnection(host, port, settings, on_push, self._client_tls(settings))
         await conn.connect()
         return conn
+
+    def connect_blocking(self, host: str, port: int, settings: TransportSettings) -> BlockingTcpConnection:
+        """A blocking connection for requests made in the caller's own thread (blocking.py);
+        it connects on its first request."""
+        return BlockingTcpConnection(host, port, settings, self._client_tls(settings))
 
     def _client_tls(self, settings: TransportSettings) -> ssl.SSLContext | None:
         return None

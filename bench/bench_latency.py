@@ -1,0 +1,398 @@
+"""Latency and hot-path benchmarks: end-to-end latency at a paced rate, single sends, a caller that
+spins between sends, and cost against queue count; broker memory per idle connection and per queue.
+
+Every measurement runs a real broker process and a real client process on 127.0.0.1 and prints one
+JSON line. `--baseline DIR` runs every measurement a second time, in the same run and alternating
+with the current code, with the broker and the client imported from DIR (a tree holding
+`equeue_core/` and `equeue_plugins/`, e.g. made with
+`git archive <commit> equeue_core plugins | tar -x -C DIR && mv DIR/plugins DIR/equeue_plugins`),
+so old and new are compared on the same noisy machine.
+
+    .venv/bin/python -m bench.bench_latency                       # everything
+    .venv/bin/python -m bench.bench_latency --only e2e,spin --rate 5000 --seconds 5
+    .venv/bin/python -m bench.bench_latency --only single --baseline /tmp/latency-base
+    .venv/bin/python -m bench.bench_latency --only scan,memory
+
+Cases (`--only`):
+- e2e: one process sends at a steady `--rate` (sleeping until each message is due), another
+  consumes the topic (as bench/peers runs it); latency: send time (wall clock, in the body) to the
+  handler call. Once with `send` (waits for each acknowledgement), once with `send_async`. CPU
+  per message of each process (sleeping sender only) says what the rate costs.
+- spin: the same, but the caller busy-waits until each message is due and never sleeps (an app that
+  computes between sends): the client must deliver without idle time in the caller's thread.
+- single: `send` one at a time, as fast as it goes (async flush, and sync flush).
+- produce: `send_async` as fast as it goes (that adaptive batching keeps its throughput).
+- scan: produce (`send_async`) and consume (one consumer, default pull batch; from the first message
+  handled, and with the consumer's start) rates for a topic of 4, 100 and 1000 queues and for 100
+  topics of 4 queues.
+- memory: broker RSS growth per idle client connection and per queue (1000-queue topics created,
+  8 messages a queue).
+
+Not a test: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))  # tests.helpers; appended so a --baseline tree's equeue_core wins
+
+
+def emit(result: dict) -> None:
+    print(json.dumps(result), flush=True)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * q))]
+
+
+# ---------------------------------------------------------------- client roles (child processes)
+
+def role_receiver(address: str, topic: str, count: int, group: str) -> dict:
+    """The consuming side of e2e/spin, in its own process: latency = handler call - send time
+    (both wall clock, same machine). Prints `ready` once its queues are assigned."""
+    from equeue_core.client import Consumer, Message, Producer
+
+    lat: list[float] = []
+    lock = threading.Lock()
+    all_in = threading.Event()
+
+    def handler(m) -> None:
+        sent = int.from_bytes(m.body[:8], "little")
+        if sent == 0:
+            return
+        now = time.time_ns()
+        with lock:
+            lat.append((now - sent) / 1e6)
+            if len(lat) >= count:
+                all_in.set()
+
+    with Producer(address) as p:
+        p.send(Message(topic, b"\0" * 100))  # the topic exists before the consumer subscribes
+    c = Consumer(group, address, consume_from="last").subscribe(topic)
+    c.start(handler)
+    time.sleep(1.0)
+    print("ready", flush=True)
+    cpu0 = time.process_time()
+    all_in.wait(120)
+    cpu = time.process_time() - cpu0
+    c.close()
+    with lock:
+        got = list(lat)
+    return {"count": len(got), "p50_ms": _percentile(got, 0.5), "p99_ms": _percentile(got, 0.99),
+            "max_ms": max(got) if got else float("nan"), "receiver_cpu_us_per_msg": cpu * 1e6 / max(1, len(got))}
+
+
+def role_sender(address: str, topic: str, rate: int, seconds: float, mode: str, pacing: str) -> dict:
+    """Paced sends: sleeping until each message is due, or spinning (never idle)."""
+    from equeue_core.client import Message, Producer
+
+    n = int(rate * seconds)
+    pad = b"\0" * 92
+    with Producer(address) as p:
+        p.send(Message(topic, b"\0" * 100))
+        cpu0 = time.process_time()
+        start = time.perf_counter()
+        for i in range(n):
+            due = start + i / rate
+            if pacing == "spin":
+                while time.perf_counter() < due:
+                    pass
+            else:
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+            msg = Message(topic, time.time_ns().to_bytes(8, "little") + pad)
+            if mode == "send":
+                p.send(msg)
+            else:
+                p.send_async(msg)
+        sent_s = time.perf_counter() - start
+        p.flush()
+        cpu = time.process_time() - cpu0
+    return {"sent": n, "achieved_rate": n / sent_s,
+            "sender_cpu_us_per_msg": cpu * 1e6 / n if pacing == "sleep" else None}
+
+
+def role_single(address: str, topic: str, count: int, size: int) -> dict:
+    from equeue_core.client import Message, Producer
+
+    body = os.urandom(size)
+    with Producer(address) as p:
+        for _ in range(200):
+            p.send(Message(topic, body))  # route lookup, connection and loop warm-up
+        start = time.perf_counter()
+        for _ in range(count):
+            p.send(Message(topic, body))
+        elapsed = time.perf_counter() - start
+    return {"count": count, "msgs_per_s": count / elapsed, "us_per_send": elapsed / count * 1e6}
+
+
+def role_produce(address: str, topic: str, count: int, size: int) -> dict:
+    """`send_async` as fast as the caller goes (the auto batching's throughput)."""
+    from equeue_core.client import Message, Producer
+
+    body = os.urandom(size)
+    with Producer(address) as p:
+        p.send(Message(topic, body))
+        cpu0 = time.process_time()
+        start = time.perf_counter()
+        window = []
+        for _ in range(count):
+            window.append(p.send_async(Message(topic, body)))
+            if len(window) >= 20000:
+                for f in window:
+                    f.result()
+                window.clear()
+        for f in window:
+            f.result()
+        elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu0
+    return {"count": count, "msgs_per_s": count / elapsed, "cpu_us_per_msg": cpu * 1e6 / count}
+
+
+def role_scan(address: str, topics: int, queues: int, count: int) -> dict:
+    """Produce `count` messages spread over `topics` topics of `queues` queues, then consume them
+    with one consumer subscribed to all of them."""
+    from equeue_core.client import AdminClient, Consumer, Message, Producer
+
+    names = [f"scan-{topics}x{queues}-{i}" for i in range(topics)]
+    with AdminClient(address) as admin:
+        for t in names:
+            admin.create_topic(t, queues)
+    body = b"x" * 100
+    with Producer(address) as p:
+        for t in names:
+            p.send(Message(t, body))
+        start = time.perf_counter()
+        window = []
+        for i in range(count):
+            window.append(p.send_async(Message(names[i % topics], body)))
+            if len(window) >= 20000:
+                for f in window:
+                    f.result()
+                window.clear()
+        for f in window:
+            f.result()
+        produce_s = time.perf_counter() - start
+    total = count + topics
+    seen = 0
+    first = 0.0
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def handler(m) -> None:
+        nonlocal seen, first
+        with lock:
+            if not seen:
+                first = time.perf_counter()
+            seen += 1
+            if seen >= total:
+                done.set()
+
+    c = Consumer("scan", address, consume_from="first")
+    for t in names:
+        c.subscribe(t)
+    start = time.perf_counter()
+    c.start(handler)
+    started_s = time.perf_counter() - start
+    done.wait(300)
+    end = time.perf_counter()
+    c.close()
+    return {"count": count, "produce_msgs_per_s": count / produce_s, "consumed": seen,
+            "consume_start_s": started_s, "consume_msgs_per_s": seen / (end - first),
+            "consume_msgs_per_s_incl_start": seen / (end - start)}
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def role_memory(address: str, broker_pid: int, connections: int, queues: int) -> dict:
+    """RSS growth of the broker per idle connection (each made one request, then idles) and per
+    queue (1000-queue topics created, about 8 messages stored in every queue)."""
+    from equeue_core import frame as wire
+    from equeue_core.client import AdminClient, Message, Producer
+    from equeue_core.codes import Code
+
+    host, port = address.split("://")[-1].rsplit(":", 1)
+    time.sleep(0.5)
+    base = rss_kib(broker_pid)
+    socks = []
+    ping = wire.encode_bytes(wire.Frame(int(Code.BROKER_INFO), 1))
+    for _ in range(connections):
+        s = socket.create_connection((host, int(port)))
+        s.sendall(ping)
+        s.recv(65536)
+        socks.append(s)
+    time.sleep(1.0)
+    with_conns = rss_kib(broker_pid)
+    for s in socks:
+        s.close()
+    time.sleep(0.5)
+    per_topic = 1000
+    before_q = rss_kib(broker_pid)
+    with AdminClient(address) as admin, Producer(address) as p:
+        for t in range(max(1, queues // per_topic)):
+            name = f"mem-{t}"
+            admin.create_topic(name, per_topic)
+            # routing keys hash over the queues: 8 keys a queue leave ~0.3 of 1000 queues empty
+            futs = [p.send_async(Message(name, b"x" * 100), routing_key=str(k)) for k in range(8 * per_topic)]
+            filled = {f.result().queue_id for f in futs}
+    time.sleep(1.0)
+    after_q = rss_kib(broker_pid)
+    nq = max(1, queues // per_topic) * per_topic
+    return {"rss_idle_kib": base, "connections": connections,
+            "kib_per_idle_connection": (with_conns - base) / connections,
+            "queues": nq, "queues_filled_last_topic": len(filled), "messages": 8 * nq,
+            "kib_per_queue": (after_q - before_q) / nq}
+
+
+# ---------------------------------------------------------------- orchestration
+
+def _child(code: Path, args: list[str], timeout: float = 900) -> dict:
+    """Run a role of this module in its own process, importing equeue from `code`."""
+    env = dict(os.environ, PYTHONPATH=str(code))
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--role", *args], cwd=code,
+                       capture_output=True, text=True, timeout=timeout, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-3000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _e2e(code: Path, address: str, topic: str, rate: int, seconds: float, mode: str, pacing: str) -> dict:
+    """A receiver process and a sender process (as the peers benchmark runs them)."""
+    env = dict(os.environ, PYTHONPATH=str(code))
+    n = int(rate * seconds)
+    recv = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--role", "receiver", address, topic,
+                             str(n), f"g-{topic}"], cwd=code, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert recv.stdout is not None
+        if recv.stdout.readline().strip() != "ready":
+            raise RuntimeError("receiver did not start")
+        sender = _child(code, ["sender", address, topic, str(rate), str(seconds), mode, pacing])
+        out, _ = recv.communicate(timeout=180)
+        return {**sender, **json.loads(out.strip().splitlines()[-1])}
+    finally:
+        if recv.poll() is None:
+            recv.kill()
+            recv.wait()
+
+
+def _broker(code: Path, data: Path, flush: str = "async"):
+    from tests.helpers.broker import BrokerProcess
+
+    return BrokerProcess(data, flush=flush, prefix=["env", "-C", str(code), f"PYTHONPATH={code}"]).start()
+
+
+def run(args: argparse.Namespace) -> None:
+    only = set(args.only.split(",")) if args.only else {"e2e", "spin", "single", "produce", "scan", "memory"}
+    codes = [("new", ROOT)] + ([("base", Path(args.baseline).resolve())] if args.baseline else [])
+    with tempfile.TemporaryDirectory(prefix="equeue-bench-lat-") as tmp:
+        run_no = 0
+
+        def fresh(code: Path, flush: str = "async"):
+            nonlocal run_no
+            run_no += 1
+            return _broker(code, Path(tmp) / f"d{run_no}", flush)
+
+        for rnd in range(args.rounds):
+            for label, code in codes:
+                b = fresh(code)
+                try:
+                    for mode, pacing, case in (("send", "sleep", "e2e"), ("async", "sleep", "e2e"),
+                                               ("send", "spin", "spin"), ("async", "spin", "spin")):
+                        if case in only:
+                            res = _e2e(code, b.address, f"lat-{mode}-{pacing}", args.rate, args.seconds, mode,
+                                       pacing)
+                            emit({"bench": case, "code": label, "round": rnd, "rate": args.rate, "mode": mode,
+                                  "pacing": pacing, **res})
+                    if "single" in only:
+                        for size in (100, 1024):
+                            res = _child(code, ["single", b.address, f"single-{size}", str(args.single_count),
+                                                str(size)])
+                            emit({"bench": "single", "code": label, "round": rnd, "flush": "async", "size": size,
+                                  **res})
+                    if "produce" in only:
+                        res = _child(code, ["produce", b.address, "produce-100", str(args.scan_count), "100"])
+                        emit({"bench": "produce", "code": label, "round": rnd, "mode": "send_async", "size": 100,
+                              **res})
+                finally:
+                    b.stop()
+                if "single" in only:
+                    b = fresh(code, "sync")
+                    try:
+                        res = _child(code, ["single", b.address, "single-sync", str(args.single_count // 4), "100"])
+                        emit({"bench": "single", "code": label, "round": rnd, "flush": "sync", "size": 100, **res})
+                    finally:
+                        b.stop()
+                if "scan" in only:
+                    for topics, queues in ((1, 4), (1, 100), (1, 1000), (100, 4)):
+                        b = fresh(code)
+                        try:
+                            res = _child(code, ["scan", b.address, str(topics), str(queues), str(args.scan_count)])
+                            emit({"bench": "scan", "code": label, "round": rnd, "topics": topics,
+                                  "queues_per_topic": queues, **res})
+                        finally:
+                            b.stop()
+                if "memory" in only:
+                    b = fresh(code)
+                    try:
+                        assert b.proc is not None
+                        res = _child(code, ["memory", b.address, str(b.proc.pid), "500", "4000"])
+                        emit({"bench": "memory", "code": label, "round": rnd, **res})
+                    finally:
+                        b.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--role"]:
+        role, *rest = argv[1:]
+        if role == "sender":
+            out = role_sender(rest[0], rest[1], int(rest[2]), float(rest[3]), rest[4], rest[5])
+        elif role == "receiver":
+            out = role_receiver(rest[0], rest[1], int(rest[2]), rest[3])
+        elif role == "single":
+            out = role_single(rest[0], rest[1], int(rest[2]), int(rest[3]))
+        elif role == "produce":
+            out = role_produce(rest[0], rest[1], int(rest[2]), int(rest[3]))
+        elif role == "scan":
+            out = role_scan(rest[0], int(rest[1]), int(rest[2]), int(rest[3]))
+        elif role == "memory":
+            out = role_memory(rest[0], int(rest[1]), int(rest[2]), int(rest[3]))
+        else:
+            raise SystemExit(f"unknown role {role}")
+        print(json.dumps(out))
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", help="comma list of e2e,spin,single,produce,scan,memory")
+    p.add_argument("--rate", type=int, default=5000, help="messages/s of the paced cases")
+    p.add_argument("--seconds", type=float, default=5.0, help="length of a paced case")
+    p.add_argument("--single-count", type=int, default=20000)
+    p.add_argument("--scan-count", type=int, default=100000)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--baseline", help="a tree with equeue_core/ and equeue_plugins/ to compare with")
+    run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

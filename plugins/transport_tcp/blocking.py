@@ -1,0 +1,159 @@
+"""A blocking TCP (or TLS) client connection: one request at a time, in the caller's own thread.
+
+Why: a synchronous `send` that goes through the client's asyncio loop thread pays two thread
+hand-offs per round trip (caller -> loop, loop -> caller), and while the caller's thread keeps the
+GIL busy the loop thread barely runs. Here the caller writes the frame and waits for the answer on
+its own socket: the only wait is `recv`, which releases the GIL. Same frames, same framing
+(equeue_core.frame) as the asyncio connection.
+
+Guarantees:
+- `request` ends in exactly one of: the response frame with its request id (an error-flagged
+  response is returned as a Frame, the caller maps it), RequestTimeoutError, ConnectionLostError,
+  FrameTooLargeError (nothing written).
+- After a timeout or a lost connection the socket is closed (its byte stream may be out of step);
+  the next request connects again. A connection the server closed while idle (idle_timeout) is
+  noticed before writing, so the request goes out on a fresh connection instead of failing.
+- Push frames and responses to earlier, timed-out request ids are read and dropped.
+- Not thread-safe: the owner serializes requests (equeue_core.client.direct does).
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import ssl
+import struct
+import time
+
+from equeue_plugins.transport_tcp.server import tune_socket
+
+from equeue_core import frame as wire
+from equeue_core.contracts import TransportSettings
+from equeue_core.errors import ConnectionLostError, EQueueError, RequestTimeoutError, TransportError
+
+RECV_SIZE = 64 * 1024
+
+
+class BlockingTcpConnection:
+    """Requests over a blocking socket (see the module docstring)."""
+
+    def __init__(self, host: str, port: int, settings: TransportSettings,
+                 tls: ssl.SSLContext | None = None) -> None:
+        self.host = host
+        self.port = port
+        self.address = f"{host}:{port}"
+        self.settings = settings
+        self._tls = tls
+        self._ids = itertools.count(1)
+        self._sock: socket.socket | None = None
+        self._timeout: float | None = None  # the socket's current timeout
+        self._buf = bytearray()
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    def connect(self) -> None:
+        """Open the socket (TransportError if that fails within connect_timeout)."""
+        self.close()
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=self.settings.connect_timeout)
+        except OSError as e:
+            raise TransportError(f"cannot connect to {self.address}: {e}") from None
+        try:
+            tune_socket(sock, 0)  # TCP_NODELAY; small frames, default buffers
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+        except (OSError, ssl.SSLError) as e:
+            sock.close()
+            raise TransportError(f"cannot connect to {self.address}: {e}") from None
+        self._sock = sock
+        self._timeout: float | None = None
+        self._buf.clear()
+
+    def _stale(self, sock: socket.socket) -> bool:
+        """True if the server closed this idle connection (idle_timeout): EOF is readable before we
+        wrote anything. One non-blocking peek; a TLS socket is not checked (a retry covers it)."""
+        if isinstance(sock, ssl.SSLSocket):
+            return False
+        try:
+            return not sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False  # nothing to read: the usual case
+        except OSError:
+            return True
+
+    def request(self, frame: wire.Frame, timeout: float) -> wire.Frame:
+        """Send `frame` as a request and wait for its response (see the module docstring)."""
+        request_id = next(self._ids)
+        frame.request_id = request_id
+        frame.flags &= ~(wire.FLAG_ONEWAY | wire.FLAG_RESPONSE | wire.FLAG_PUSH)
+        data = wire.encode_bytes(frame, self.settings.max_frame_size)  # FrameTooLargeError: nothing sent
+        if self._sock is not None and self._stale(self._sock):
+            self.close()
+        if self._sock is None:
+            try:
+                self.connect()
+            except TransportError as e:
+                raise ConnectionLostError(str(e)) from None
+        sock = self._sock
+        assert sock is not None
+        deadline = time.monotonic() + timeout
+        try:
+            self._set_timeout(sock, timeout)
+            sock.sendall(data)
+            while True:
+                response = self._read_frame(sock, deadline)
+                if response.request_id == request_id and not response.flags & wire.FLAG_PUSH:
+                    return response
+        except (TimeoutError, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO ran out
+            self.close()
+            raise RequestTimeoutError(f"no response to request {request_id} within {timeout}s",
+                                      request_id=request_id, timeout=timeout) from None
+        except (OSError, ssl.SSLError) as e:
+            self.close()
+            raise ConnectionLostError(f"connection to {self.address} lost: {e}") from None
+        except EQueueError:  # lost, or a response that does not decode: out of step either way
+            self.close()
+            raise
+
+    def _set_timeout(self, sock: socket.socket, timeout: float) -> None:
+        """A plain socket stays in blocking mode with kernel timeouts (SO_RCVTIMEO/SO_SNDTIMEO), so
+        a send or recv is one system call (Python's own socket timeout adds a poll() to each); set
+        once per timeout value. A TLS socket uses Python's timeout."""
+        if timeout == self._timeout:
+            return
+        if isinstance(sock, ssl.SSLSocket):
+            sock.settimeout(timeout)
+        else:
+            sock.settimeout(None)
+            tv = struct.pack("ll", int(timeout), int((timeout % 1) * 1_000_000))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+        self._timeout = timeout
+
+    def _read_frame(self, sock: socket.socket, deadline: float) -> wire.Frame:
+        buf = self._buf
+        need = 0
+        while True:
+            if not need and len(buf) >= wire.LENGTH_SIZE:
+                need = wire.frame_length(buf[:wire.LENGTH_SIZE], self.settings.max_frame_size) + wire.LENGTH_SIZE
+            if need and len(buf) >= need:
+                data = bytes(buf[:need])
+                del buf[:need]
+                return wire.decode(data)
+            if buf and time.monotonic() > deadline:  # a frame trickling in slower than the timeout
+                raise TimeoutError
+            chunk = sock.recv(max(RECV_SIZE, need - len(buf)))
+            if not chunk:
+                raise ConnectionLostError(f"connection to {self.address} closed by the server")
+            buf += chunk
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        self._buf.clear()
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass

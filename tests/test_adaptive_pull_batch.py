@@ -1,0 +1,59 @@
+"""The default pull batch adapts per queue: it grows while a queue has a backlog and shrinks back
+once the queue is caught up; an explicit pull_batch stays fixed."""
+
+from __future__ import annotations
+
+import threading
+
+from equeue_core.client import AdminClient, Consumer, Message, Producer
+from equeue_core.client.pull_batch import PULL_BATCH_CEILING, PULL_BATCH_FLOOR, AdaptivePullBatch
+from tests.helpers.waiting import wait_until
+
+
+def test_pull_batch_doubles_on_full_pulls_with_a_backlog_and_halves_when_caught_up():
+    b = AdaptivePullBatch()
+    assert b.size == PULL_BATCH_FLOOR
+    sizes = [b.update(b.size, next_offset=100, max_offset=100_000) for _ in range(10)]
+    assert sizes[:3] == [64, 128, 256] and sizes[-1] == PULL_BATCH_CEILING
+    assert b.update(10, next_offset=100, max_offset=100_000) == PULL_BATCH_CEILING  # short pull: a filter, not idle
+    down = [b.update(0, next_offset=500, max_offset=500) for _ in range(10)]
+    assert down[0] == PULL_BATCH_CEILING // 2 and down[-1] == PULL_BATCH_FLOOR
+    assert b.peak == PULL_BATCH_CEILING
+
+
+def test_default_consumer_pulls_a_backlog_in_growing_batches_then_shrinks_when_idle(file_broker):
+    with AdminClient(file_broker.address) as admin:
+        admin.create_topic("backlog", 1)
+    with Producer(file_broker.address) as p:
+        for _ in range(10):
+            p.send_batch([Message("backlog", b"x" * 100) for _ in range(1000)])
+    seen = 0
+    lock = threading.Lock()
+
+    def handler(m) -> None:
+        nonlocal seen
+        with lock:
+            seen += 1
+
+    c = Consumer("adaptive", file_broker.address, consume_from="first", hold_ms=200).subscribe("backlog")
+    c.start(handler)
+    try:
+        assert wait_until(lambda: seen >= 10_000, timeout=120)
+        assert c.stats["pull_batch_peak"] > PULL_BATCH_FLOOR  # grew on the backlog
+        # caught up: every pull (held at most 200 ms) finds nothing more, so the batch halves back
+        assert wait_until(lambda: c.pull_batches() == {("backlog", 0): PULL_BATCH_FLOOR}, timeout=60)
+    finally:
+        c.close()
+
+
+def test_an_explicit_pull_batch_stays_fixed(file_broker):
+    with Producer(file_broker.address) as p:
+        p.send_batch([Message("fixed", b"y") for _ in range(2000)])
+    c = Consumer("fixed", file_broker.address, consume_from="first", pull_batch=64).subscribe("fixed")
+    c.start(lambda m: None)
+    try:
+        assert wait_until(lambda: c.stats["handled"] >= 2000, timeout=60)
+        assert set(c.pull_batches().values()) == {64}
+        assert c.stats["pull_batch_peak"] == 0
+    finally:
+        c.close()
