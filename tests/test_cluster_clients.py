@@ -83,7 +83,10 @@ def test_sixty_thousand_messages_over_three_brokers_each_queue_in_order(tmp_path
             with Producer(nameserver=nameserver) as producer:
                 futures = [producer.send_async(Message("orders", b"%d" % i)) for i in range(total)]
                 results = [f.result(120) for f in futures]
-            assert Counter(r.broker for r in results) == {n: total // 3 for n in NAMES}  # round robin
+            # every broker takes a share; not an exact third: a send slower than 550 ms (a loaded
+            # machine) makes latency fault tolerance avoid that broker for a while, as RocketMQ does
+            per_broker = Counter(r.broker for r in results)
+            assert set(per_broker) == set(NAMES) and sum(per_broker.values()) == total, per_broker
             wait_for(lambda: len(rec.bodies()) == total, timeout=180, what=f"{total} messages consumed")
             before_close = len(rec.seen)
         finally:
