@@ -163,3 +163,11 @@ def test_the_controllers_choice_of_master_wins_over_what_the_brokers_registered(
     registry.master_of = lambda cluster, name: 1  # elected at epoch 2; broker 0 has not heard yet
     (r,) = registry.route("orders").brokers
     assert (r.address, r.replicas) == (B, (A,))
+
+
+def test_a_live_master_is_the_front_even_for_a_topic_only_a_replica_registered_so_far(registry):
+    registry.register("c1", "broker-a", A, topics(orders=4), 1, 1, broker_id=0, role="master", epoch=2)
+    registry.register("c1", "broker-a", B, topics(orders=4, **{"%RETRY%g": 1}), 1, 2, broker_id=1,
+                      role="replica", epoch=2)  # synced the new topic before the master re-registered
+    (r,) = registry.route("%RETRY%g").brokers
+    assert (r.address, r.is_master, r.writable, r.replicas) == (A, True, True, (B,))

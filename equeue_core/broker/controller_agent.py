@@ -76,7 +76,8 @@ class ControllerAgent:
     def for_registrar(cls, registrar: BrokerRegistrar, broker: Any) -> ControllerAgent:
         cfg = broker.config
         return cls(registrar.cluster, registrar.name, cfg.broker_id, registrar.address, [link.address for link in
-                   registrar.links], cfg.controller_heartbeat_s, getattr(broker, "replication", None))
+                   registrar.links], cfg.controller_heartbeat_s, getattr(broker, "replication", None),
+                   settings=registrar.settings)
 
     def status(self) -> dict[str, Any]:
         if self.replication is not None:
@@ -122,7 +123,7 @@ class ControllerAgent:
         try:
             conn = self._conns.get(address)
             if conn is None:
-                conn = self._conns[address] = await BrokerConnection(address, self.settings).connect()
+                conn = self._conns[address] = await self._connect(address)
             resp = (await conn.request(Code.CONTROLLER_HEARTBEAT, self._header(), timeout=REQUEST_TIMEOUT)).header
         except TransportError as e:
             conn = self._conns.pop(address, None)
@@ -136,6 +137,10 @@ class ControllerAgent:
         self._set_state(address, "ok", "")
         await self.apply(resp)
         return resp
+
+    async def _connect(self, address: Address) -> BrokerConnection:
+        """A connection to a name server, with the same settings the registrar uses for it."""
+        return await BrokerConnection(address, self.settings).connect()
 
     def _set_state(self, address: Address, state: str, error: str) -> None:
         if self._state.get(address) == state:

@@ -147,7 +147,11 @@ class AsyncClusterConsumer:
             return
         async with self._lock:
             routes = await self._routes(refresh)
-            brokers = {b.name: b.address for r in routes.values() for b in r.brokers if b.readable}
+            brokers: dict[str, str] = {}
+            for r in routes.values():  # one address per group: its master's wherever a route names it
+                for b in r.brokers:
+                    if b.readable and (b.is_master or b.name not in brokers):
+                        brokers[b.name] = b.address
             for name in sorted(set(self.parts) - set(brokers)):
                 await self._close_part(name)
             for name in sorted(n for n, part in self.parts.items() if part.broker != brokers[n]):

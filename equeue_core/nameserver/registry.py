@@ -176,18 +176,21 @@ class RouteRegistry:
 
     def _group_route(self, members: list[BrokerEntry], topic: str) -> BrokerRoute | None:
         """One group's part of a route: its master's address (sends), its replicas' addresses (pull
-        fallback). With no live master the first replica stands in, read-only (perm without write)."""
+        fallback). A live master is the front for every topic of the group, even one its latest
+        registration does not list yet (a replica that synced the topic first must not draw readers
+        away from the master). With no live master the first replica stands in, read-only."""
         having = [e for e in members if topic in e.topics]
         if not having:
             return None
         master = self.master(members)
-        if master is not None and topic in master.topics:
-            front, perm = master, master.topics[topic].perm
+        if master is not None:
+            front, entry = master, (master.topics.get(topic) or having[0].topics[topic])
+            perm = entry.perm
         else:
-            front, perm = having[0], having[0].topics[topic].perm & ~PERM_WRITE
+            front, entry = having[0], having[0].topics[topic]
+            perm = entry.perm & ~PERM_WRITE
         replicas = tuple(e.address for e in having if e is not front)
-        return BrokerRoute(front.cluster, front.name, front.address, front.topics[topic].queues, perm,
-                           replicas, front is master)
+        return BrokerRoute(front.cluster, front.name, front.address, entry.queues, perm, replicas, front is master)
 
     def route(self, topic: str) -> TopicRoute:
         """Every live group that has the topic; TopicNotFoundError when none does."""
