@@ -48,6 +48,18 @@ NEEDS: dict[int, str] = {
     Code.GET_ROUTE: ANY,
     Code.GET_CLUSTER_INFO: ANY,
     Code.NAMESERVER_INFO: ANY,
+    # replication (docs/replication.md): a replica signs its link to the master as an admin account
+    Code.REPL_HELLO: ADMIN,
+    Code.REPL_FETCH: ADMIN,
+    Code.REPL_EPOCHS: ADMIN,
+    Code.REPL_SYNC_META: ADMIN,
+    Code.REPL_STATUS: ADMIN,
+    Code.REPL_PROMOTE: ADMIN,
+    Code.REPL_DEMOTE: ADMIN,
+    # controller (docs/controller.md): brokers heartbeat as an admin account, as they register
+    Code.CONTROLLER_HEARTBEAT: ADMIN,
+    Code.ELECT_MASTER: ADMIN,
+    Code.CONTROLLER_INFO: ANY,
 }
 
 

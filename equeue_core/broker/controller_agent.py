@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from equeue_core.client.address import Address
 from equeue_core.client.connection import BrokerConnection
+from equeue_core.client.credentials import ClientLink
 from equeue_core.codes import Code
 from equeue_core.contracts import TransportSettings
 from equeue_core.errors import EQueueError, TransportError
@@ -58,13 +59,17 @@ def status_dict(status: Any) -> dict[str, Any]:
 
 class ControllerAgent:
     def __init__(self, cluster: str, name: str, broker_id: int, address: str, nameservers: list[Address],
-                 interval_s: float, replication: Any = None, settings: TransportSettings | None = None) -> None:
+                 interval_s: float, replication: Any = None, settings: TransportSettings | None = None,
+                 link: ClientLink | None = None) -> None:
+        """`link`: the broker's own outgoing credentials (TLS, CURVE, signing; client/credentials.py),
+        the registrar's, so heartbeats pass the same checks as registration."""
         self.cluster, self.name, self.broker_id, self.address = cluster, name, broker_id, address
         self.nameservers = nameservers
         self.interval_s = interval_s
         self.replication = replication
         self.own = _OwnStatus()
         self.settings = settings or TransportSettings(connect_timeout=REQUEST_TIMEOUT)
+        self.link = link or ClientLink(self.settings, None)
         self.on_change: Any = None  # called after a decision was applied (the registrar re-registers)
         self.decisions = 0  # decisions applied
         self._conns: dict[Address, BrokerConnection] = {}
@@ -77,7 +82,7 @@ class ControllerAgent:
         cfg = broker.config
         return cls(registrar.cluster, registrar.name, cfg.broker_id, registrar.address, [link.address for link in
                    registrar.links], cfg.controller_heartbeat_s, getattr(broker, "replication", None),
-                   settings=registrar.settings)
+                   settings=registrar.settings, link=registrar.link_settings)
 
     def status(self) -> dict[str, Any]:
         if self.replication is not None:
@@ -140,7 +145,7 @@ class ControllerAgent:
 
     async def _connect(self, address: Address) -> BrokerConnection:
         """A connection to a name server, with the same settings the registrar uses for it."""
-        return await BrokerConnection(address, self.settings).connect()
+        return await BrokerConnection(address, link=self.link).connect()
 
     def _set_state(self, address: Address, state: str, error: str) -> None:
         if self._state.get(address) == state:
