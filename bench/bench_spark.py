@@ -1,16 +1,27 @@
 """Rows/second read into Spark from each installed store, with a Parquet copy of the same rows as the peer.
 
     .venv/bin/python -m bench.bench_spark [--messages 1000000] [--body 100] [--queues 4]
-        [--master local[2]] [--stores file,lmdb,rocksdb] [--write 200000] [--dir /tmp/x]
+        [--master local[2]] [--stores file,lmdb,rocksdb] [--write 200000] [--dir /tmp/x] [--repeat 3]
 
-For every store: N messages of `--body` bytes are appended over `--queues` queues through the store
-plugin's own MessageStore (real files on disk), then a local SparkSession runs, timed after one
-warm-up action: `count()` and a filter on the body (`count` of rows whose body contains a byte
-string, so every body is read). `export_only` times the store reader's export() alone in this
-process (the ceiling the Spark source can reach). The peer is the same rows in one Parquet file read
-by the same session: same machine, same run. `--write N` also times df.write.format("equeue") of N
-rows into a real broker process (file store) next to one plain Producer (send_batch) sending the
-same rows. One JSON line per result.
+For every store: N messages of `--body` bytes (tags cycling a, b, c, d) are appended over
+`--queues` queues through the store plugin's own MessageStore (real files on disk); `export_only`
+times the store reader's export() alone in this process (the ceiling the Spark source can reach).
+Then one local SparkSession (filter pushdown on) runs the same queries on the topic and on the
+same rows in one Parquet file (the peer, written by that session: same machine, same run):
+
+- count_body: rows whose body is not empty (every body is read on both sides);
+- filter_body: rows whose body contains a byte string (not pushable: the reader builds every row);
+- filter_tag: `tag = 'b'` (pushed: rows dropped in the reader before the other columns are built);
+- filter_offset: `queue_offset < N/queues/10` (pushed: partition and offset pruning);
+- filter_time: `store_ts >=` the time of the last ~10 % (pushed: offset_for_timestamp per queue);
+- count_columns: a count over two columns (`columns` option; Parquet: the same two columns).
+
+Each query loads a fresh DataFrame (pyspark 4.3 reuses a DataFrame's last pushed plan, see
+docs/spark.md) and is timed best of `--repeat`, alternating Parquet and topic runs so both see the
+same machine load, after one warm-up read. One JSON line per result;
+the equeue lines carry `ratio_vs_parquet` (equeue rows/s over Parquet rows/s, same query).
+`--write N` also times df.write.format("equeue") of N rows into a real broker process (file store)
+next to one plain Producer (send_batch) sending the same rows.
 """
 
 from __future__ import annotations
@@ -48,7 +59,7 @@ def write_store(store: str, data_dir: str, topic: str, n: int, body_size: int, q
                 for i in range(s, min(count, s + chunk)):
                     head = b"%d:%d:" % (q, i)
                     recs.append(record.encode_record(topic, head + b"x" * max(0, body_size - len(head)),
-                                                     queue_id=q))
+                                                     tag="abcd"[i % 4], queue_id=q))
                 batch = bytearray(b"".join(recs))
                 ms.append(topic, q, batch, record.scan(batch))
         ms.flush()
@@ -131,6 +142,21 @@ def timed(fn) -> tuple[Any, float]:
     return out, time.perf_counter() - t
 
 
+def read_queries(n: int, queues: int, ts_cut: int) -> dict[str, Any]:
+    """name -> (DataFrame -> row count); the same query runs on the topic and on the Parquet copy."""
+    from pyspark.sql import functions as F
+
+    offset_cut = max(1, n // queues // 10)
+    return {
+        "count_body": lambda df: df.where(F.length("body") > 0).count(),
+        "filter_body": lambda df: df.where(F.instr(F.col("body").cast("string"), ":7:") > 0).count(),
+        "filter_tag": lambda df: df.where("tag = 'b'").count(),
+        "filter_offset": lambda df: df.where(F.col("queue_offset") < offset_cut).count(),
+        "filter_time": lambda df: df.where(F.col("store_ts") >= F.timestamp_millis(F.lit(ts_cut))).count(),
+        "count_columns": lambda df: df.select("queue_id", "queue_offset").where(F.col("queue_offset") >= 0).count(),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", "-n", type=int, default=1_000_000)
@@ -140,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stores", default=None, help="comma-separated (default: every installed store)")
     ap.add_argument("--write", type=int, default=0, help="also time writing this many rows to a broker")
     ap.add_argument("--dir", default=None, help="work directory (default: a temp dir, removed after)")
+    ap.add_argument("--repeat", type=int, default=3, help="time each query best of this many runs")
     args = ap.parse_args(argv)
 
     from equeue_spark.session import get_session
@@ -153,11 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     work = args.dir or tempfile.mkdtemp(prefix="bench_spark_")
     topic = "bench"
     n = args.messages
-    spark = get_session(args.master, app_name="bench-spark")
+    # filter pushdown on (docs/spark.md); set through the conf so this also runs against older trees
+    spark = get_session(args.master, app_name="bench-spark",
+                        extra_conf={"spark.sql.python.filterPushdown.enabled": "true"})
     common = {"bench": "spark_read", "messages": n, "body_bytes": args.body, "queues": args.queues,
               "master": args.master, "cpus": os.cpu_count()}
     try:
-        parquet_path = None
+        parquet_path = os.path.join(work, "peer.parquet")
+        queries: dict[str, Any] = {}
         for store in stores:
             data = os.path.join(work, store)
             shutil.rmtree(data, ignore_errors=True)
@@ -169,28 +199,42 @@ def main(argv: list[str] | None = None) -> int:
             assert rows == n, (rows, n)
             _emit(**common, store=store, op="export_only", seconds=round(secs, 3), rows_per_s=round(n / secs))
 
-            df = (spark.read.format("equeue").option("store", store).option("path", data)
-                  .option("topic", topic).load())
+            def load(store: str = store, data: str = data, **options: str) -> Any:
+                r = spark.read.format("equeue").option("store", store).option("path", data).option("topic", topic)
+                for k, v in options.items():
+                    r = r.option(k, v)
+                return r.load()
+
             # warm-up (workers started, plugins imported) on a one-row-per-queue read
-            (spark.read.format("equeue").option("store", store).option("path", data)
-             .option("topic", topic).option("endingOffset", "1").load().collect())
-            count, secs = timed(df.count)
-            assert count == n, (count, n)
-            _emit(**common, store=store, op="count", seconds=round(secs, 3), rows_per_s=round(n / secs))
-            hits, secs = timed(lambda df=df: df.where(F.instr(F.col("body").cast("string"), ":7:") > 0).count())
-            _emit(**common, store=store, op="filter_body", hits=hits, seconds=round(secs, 3),
-                  rows_per_s=round(n / secs))
-            if parquet_path is None:
-                parquet_path = os.path.join(work, "peer.parquet")
-                df.write.mode("overwrite").parquet(parquet_path)
-        if parquet_path:
-            pdf = spark.read.parquet(parquet_path)
-            pdf.limit(1).collect()
-            _, secs = timed(lambda: pdf.select("body").where(F.length("body") > 0).count())
-            _emit(**common, store="parquet_peer", op="count_scan", seconds=round(secs, 3), rows_per_s=round(n / secs))
-            hits, secs = timed(lambda: pdf.where(F.instr(F.col("body").cast("string"), ":7:") > 0).count())
-            _emit(**common, store="parquet_peer", op="filter_body", hits=hits, seconds=round(secs, 3),
-                  rows_per_s=round(n / secs))
+            load(endingOffset="1").collect()
+            if not queries:
+                load().write.mode("overwrite").parquet(parquet_path)
+                stats = spark.read.parquet(parquet_path).agg(F.min("store_ts").alias("lo"),
+                                                             F.max("store_ts").alias("hi")).first()
+                lo_ms, hi_ms = (int(stats.lo.timestamp() * 1000), int(stats.hi.timestamp() * 1000))
+                queries = read_queries(n, args.queues, hi_ms - (hi_ms - lo_ms) // 10)
+                spark.read.parquet(parquet_path).where(F.length("body") > 0).count()  # warm-up
+            for name, query in queries.items():
+                narrow = name == "count_columns"
+
+                def on_parquet(q: Any = query, narrow: bool = narrow) -> int:
+                    pdf = spark.read.parquet(parquet_path)
+                    return q(pdf.select("queue_id", "queue_offset") if narrow else pdf)
+
+                def on_topic(q: Any = query, narrow: bool = narrow, load: Any = load) -> int:
+                    return q(load(columns="queue_id,queue_offset") if narrow else load())
+
+                best_p = best_t = float("inf")
+                for _ in range(max(1, args.repeat)):  # alternate, so both see the same machine load
+                    hits_p, secs = timed(on_parquet)
+                    best_p = min(best_p, secs)
+                    hits_t, secs = timed(on_topic)
+                    best_t = min(best_t, secs)
+                    assert hits_t == hits_p, (name, hits_t, hits_p)
+                _emit(**common, store="parquet_peer", op=name, hits=hits_p, seconds=round(best_p, 3),
+                      rows_per_s=round(n / best_p))
+                _emit(**common, store=store, op=name, hits=hits_t, seconds=round(best_t, 3),
+                      rows_per_s=round(n / best_t), ratio_vs_parquet=round(best_p / best_t, 3))
         if args.write:
             write_bench(spark, work, args.write, args.body, {**common, "bench": "spark_write", "messages": args.write})
     finally:
