@@ -79,6 +79,8 @@ class RowFilter:
         return self.tag_in is not None or self.tag_not_in is not None or self.tag_is_null is not None
 
 
+MAX_BATCH_BYTES = 1 << 30  # record bytes behind one batch: Arrow binary offsets are int32
+
 _HEADER_DTYPE = None
 _HEX = b"0123456789ABCDEF"
 _SIZE = struct.Struct("<I")
@@ -271,6 +273,8 @@ def layout_to_arrow(data: bytes | memoryview, starts: Any, broker_address: tuple
     n = len(starts)
     if n == 0:
         return pa.RecordBatch.from_pylist([], schema=schema)
+    if len(data) >= 2**31:
+        raise ValueError(f"{len(data)} bytes of records in one batch; at most {MAX_BATCH_BYTES} (ask fewer rows)")
     raw = np.frombuffer(data, dtype=np.uint8)
     head = _gather(raw, starts, n, HEADER_SIZE).view(_header_dtype()).reshape(n)
     lens = [head[f].astype(np.int64) for f in ("topic_len", "tag_len", "keys_len", "props_len", "body_len")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -104,3 +105,35 @@ def test_first_damaged_finds_a_flipped_byte_and_a_wrong_position():
     assert first_damaged(bytes(flipped), starts, sizes, positions) == 1
     assert first_damaged(bytes(batch), starts, sizes, [positions[0], positions[1], 7]) == 2
     assert first_damaged(bytes(batch), starts, [sizes[0], 0, sizes[2]], positions) == 1  # a "lost" entry
+
+
+@pytest.mark.parametrize("store", ["file", "lmdb", "rocksdb"])
+def test_a_batch_never_holds_more_record_bytes_than_arrow_can_address(store, tmp_path, monkeypatch):
+    """Large bodies: export cuts batches by bytes (MAX_BATCH_BYTES, lowered here) instead of
+    building a column whose 32-bit offsets would wrap; every record still comes back, in order."""
+    import equeue_plugins.store_file.reader as file_reader
+
+    from equeue_core import export
+    from equeue_core.contracts import StoreSettings
+    from equeue_core.plugins import get_plugin_manager
+
+    pm = get_plugin_manager()
+    data = str(tmp_path)
+    engine = pm.store_engine(store)(StoreSettings(data_dir=data))
+    try:
+        bodies = [bytes([i % 251]) * 20_000 for i in range(300)]
+        batch = bytearray(b"".join(record.encode_record("t", b) for b in bodies))
+        engine.messages.append("t", 0, batch, record.scan(batch))
+        engine.messages.flush()
+    finally:
+        engine.close()
+    monkeypatch.setattr(export, "MAX_BATCH_BYTES", 100_000)
+    monkeypatch.setattr(file_reader, "MAX_BATCH_BYTES", file_reader._MAX_SPAN + 100_000)
+    reader = pm.store_reader(store)(data, {})
+    try:
+        batches = list(reader.export("t", 0, 0, 300, columns=["queue_offset", "body"]))
+    finally:
+        reader.close()
+    assert len(batches) >= 2
+    assert [o for b in batches for o in b.column("queue_offset").to_pylist()] == list(range(300))
+    assert [x for b in batches for x in b.column("body").to_pylist()] == bodies

@@ -19,7 +19,14 @@ from typing import Any
 
 from equeue_core.contracts import StoreSettings
 from equeue_core.errors import CorruptRecordError, OffsetOutOfRangeError
-from equeue_core.export import RowFilter, broker_address_of, first_damaged, index_entry_dtype, layout_to_arrow
+from equeue_core.export import (
+    MAX_BATCH_BYTES,
+    RowFilter,
+    broker_address_of,
+    first_damaged,
+    index_entry_dtype,
+    layout_to_arrow,
+)
 from equeue_core.record import (
     HEADER_SIZE,
     INDEX_ENTRY,
@@ -170,8 +177,8 @@ class FileStoreReader:
     def _records(self, entries: memoryview, topic: str, queue_id: int,
                  offset: int) -> tuple[bytes, Any, bool]:
         """(buffer, record starts in it) for the entries' records (queue offsets from `offset`),
-        read in spans of at most _MAX_SPAN bytes and verified a span at a time (vectorised); the
-        bool is False if a chunk was deleted meanwhile (the starts stop before it). A record that
+        read in spans of at most _MAX_SPAN bytes (at most MAX_BATCH_BYTES in all: fewer records
+        then) and verified a span at a time (vectorised); the bool is False if a chunk was deleted meanwhile (the starts stop before it). A record that
         does not verify raises CorruptRecordError: below the safe end every record was intact
         once, so this one was damaged since."""
         import numpy as np
@@ -213,6 +220,8 @@ class FileStoreReader:
             starts.append(at + base)
             base += len(buf)
             i = j
+            if base >= MAX_BATCH_BYTES - _MAX_SPAN:
+                break  # a batch's bytes stay addressable by Arrow; the caller asks for the rest
         if not bufs:
             return b"", np.zeros(0, dtype=np.int64), complete
         data = bufs[0] if len(bufs) == 1 else b"".join(bufs)
