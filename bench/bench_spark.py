@@ -7,7 +7,8 @@ For every store: N messages of `--body` bytes (tags cycling a, b, c, d) are appe
 `--queues` queues through the store plugin's own MessageStore (real files on disk); `export_only`
 times the store reader's export() alone in this process (the ceiling the Spark source can reach).
 Then one local SparkSession (filter pushdown on) runs the same queries on the topic and on the
-same rows in one Parquet file (the peer, written by that session: same machine, same run):
+same rows in one Parquet file (the peer, written from that store's topic by that session: same
+rows, same machine, same run):
 
 - count_body: rows whose body is not empty (every body is read on both sides);
 - filter_body: rows whose body contains a byte string (not pushable: the reader builds every row);
@@ -230,7 +231,6 @@ def main(argv: list[str] | None = None) -> int:
               "master": args.master, "cpus": os.cpu_count()}
     try:
         parquet_path = os.path.join(work, "peer.parquet")
-        queries: dict[str, Any] = {}
         for store in stores:
             data = os.path.join(work, store)
             shutil.rmtree(data, ignore_errors=True)
@@ -250,13 +250,13 @@ def main(argv: list[str] | None = None) -> int:
 
             # warm-up (workers started, plugins imported) on a one-row-per-queue read
             load(endingOffset="1").collect()
-            if not queries:
-                load().write.mode("overwrite").parquet(parquet_path)
-                stats = spark.read.parquet(parquet_path).agg(F.min("store_ts").alias("lo"),
-                                                             F.max("store_ts").alias("hi")).first()
-                lo_ms, hi_ms = (int(stats.lo.timestamp() * 1000), int(stats.hi.timestamp() * 1000))
-                queries = read_queries(n, args.queues, hi_ms - (hi_ms - lo_ms) // 10)
-                spark.read.parquet(parquet_path).where(F.length("body") > 0).count()  # warm-up
+            # the peer: this store's rows in one Parquet file (each store's rows have their own store times)
+            load().write.mode("overwrite").parquet(parquet_path)
+            stats = spark.read.parquet(parquet_path).agg(F.min("store_ts").alias("lo"),
+                                                         F.max("store_ts").alias("hi")).first()
+            lo_ms, hi_ms = (int(stats.lo.timestamp() * 1000), int(stats.hi.timestamp() * 1000))
+            queries = read_queries(n, args.queues, hi_ms - (hi_ms - lo_ms) // 10)
+            spark.read.parquet(parquet_path).where(F.length("body") > 0).count()  # warm-up
             for name, query in queries.items():
                 narrow = name == "count_columns"
 
