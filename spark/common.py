@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from equeue_core import export
 from equeue_core.errors import EQueueError, PluginError
-from equeue_core.export import read_broker_info
+from equeue_core.export import RowFilter, read_broker_info
 
 DEFAULT_STORE = "file"
 DEFAULT_MAX_OFFSETS_PER_PARTITION = 1_000_000
@@ -59,26 +59,27 @@ def spark_schema() -> Any:
     ])
 
 
-_SPARK_ARROW_SCHEMA: Any = None
+_SPARK_ARROW_SCHEMAS: dict[tuple[str, ...], Any] = {}
 
 
-def spark_arrow_schema() -> Any:
+def spark_arrow_schema(columns: Sequence[str] | None = None) -> Any:
     """The Arrow schema Spark checks yielded batches against (timestamps in microseconds)."""
-    global _SPARK_ARROW_SCHEMA
-    if _SPARK_ARROW_SCHEMA is None:
+    key = tuple(COLUMNS if columns is None else columns)
+    schema = _SPARK_ARROW_SCHEMAS.get(key)
+    if schema is None:
         import pyarrow as pa
 
         from equeue_core.export import arrow_schema
 
         fields = []
-        for f in arrow_schema():
+        for f in arrow_schema(key):
             if pa.types.is_timestamp(f.type):
                 f = f.with_type(pa.timestamp("us", tz="UTC"))
             elif pa.types.is_list(f.type):
                 f = f.with_type(pa.list_(pa.field("element", f.type.value_type)))
             fields.append(f)
-        _SPARK_ARROW_SCHEMA = pa.schema(fields)
-    return _SPARK_ARROW_SCHEMA
+        schema = _SPARK_ARROW_SCHEMAS[key] = pa.schema(fields)
+    return schema
 
 
 def to_spark_batch(batch: Any) -> Any:
@@ -90,13 +91,40 @@ def to_spark_batch(batch: Any) -> Any:
     """
     import pyarrow as pa
 
-    target = spark_arrow_schema()
+    target = spark_arrow_schema(batch.schema.names)
     if batch.schema.equals(target):
         return batch
     # column by column (RecordBatch.cast needs pyarrow >= 16; pyproject allows 15)
     return pa.RecordBatch.from_arrays(
         [col if col.type.equals(f.type) else col.cast(f.type) for col, f in zip(batch.columns, target, strict=True)],
         schema=target)
+
+
+def requested_columns(schema: Any) -> tuple[str, ...]:
+    """The export columns a Spark schema asks for, in its order; a field that is not an export
+    column, or has another type than the source's, is an error naming it."""
+    full = {f.name: f.dataType for f in spark_schema().fields}
+    cols = []
+    for f in schema.fields:
+        if f.name not in full:
+            raise EQueueSparkError(f"column {f.name!r} is not an equeue column; columns: {', '.join(COLUMNS)}")
+        if f.dataType != full[f.name]:
+            raise EQueueSparkError(f"column {f.name!r} is {full[f.name].simpleString()} in equeue, "
+                                   f"not {f.dataType.simpleString()}")
+        cols.append(f.name)
+    return tuple(cols)
+
+
+def columns_option(options: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The `columns` read option ("queue_id,store_ts"): the only columns a read builds."""
+    raw = opt(options, "columns")
+    if raw is None or not str(raw).strip():
+        return None
+    cols = tuple(c.strip() for c in str(raw).split(",") if c.strip())
+    unknown = [c for c in cols if c not in COLUMNS]
+    if unknown or len(set(cols)) != len(cols):
+        raise EQueueSparkError(f'option "columns": {raw!r} must name distinct columns among {", ".join(COLUMNS)}')
+    return cols
 
 
 # ---------------------------------------------------------------- options
@@ -263,22 +291,32 @@ def split_range(start: int, end: int, size: int) -> Iterator[tuple[int, int]]:
 
 
 def export_batches(location: StoreLocation, topic: str, queue_id: int, start: int, end: int,
-                   batch_rows: int) -> Iterator[Any]:
-    """Spark-ready RecordBatches for [start, end) of one queue, from a reader opened here.
+                   batch_rows: int, columns: Sequence[str] | None = None,
+                   row_filter: RowFilter | None = None) -> Iterator[Any]:
+    """Spark-ready RecordBatches for [start, end) of one queue, from a reader opened here: only
+    `columns` (default all) and only the rows `row_filter` keeps (default all).
 
     The store reader guarantees every offset below its safe end is an intact record, and the
     planner never asks past the end it saw, so a read racing the broker sees a consistent prefix.
-    A count check turns a reader that returns fewer rows than asked (data deleted by retention
-    between planning and reading) into a clear error instead of a silent gap.
+    A reader that returns fewer rows than asked (data deleted by retention between planning and
+    reading) is a clear error instead of a silent gap: without a row filter the rows are counted;
+    with one (fewer rows are expected) the queue must still hold [start, end) after the read.
     """
     reader = location.open()
     try:
+        kwargs: dict[str, Any] = {}
+        if columns is not None and tuple(columns) != COLUMNS:
+            kwargs["columns"] = tuple(columns)
+        filtering = row_filter is not None and not row_filter.is_empty()
+        if filtering:
+            kwargs["row_filter"] = row_filter
         got = 0
-        for batch in reader.export(topic, queue_id, start, end, batch_rows):
+        for batch in reader.export(topic, queue_id, start, end, batch_rows, **kwargs):
             if batch.num_rows:
                 got += batch.num_rows
                 yield to_spark_batch(batch)
-        if got != end - start:
+        lo, hi = reader.queue_range(topic, queue_id) if filtering else (start, end)
+        if (got != end - start and not filtering) or lo > start or hi < end:
             raise EQueueSparkError(
                 f"store {location.store!r} returned {got} rows for {topic}/{queue_id} offsets "
                 f"[{start}, {end}), expected {end - start} (retention may have deleted them)")

@@ -13,33 +13,40 @@ task sends its rows again), in per-task order.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+import os
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from equeue_spark.common import (
+    COLUMNS,
     DEFAULT_BATCH_ROWS,
     DEFAULT_MAX_OFFSETS_PER_PARTITION,
     EQueueSparkError,
     StoreLocation,
+    columns_option,
     export_batches,
     int_opt,
     opt,
     parse_offset_spec,
     parse_queue_ids,
     parse_ts,
+    requested_columns,
     resolve_bound,
     spark_schema,
     split_range,
     store_location,
     topic_queues,
 )
+from equeue_spark.pushdown import Pushdown, push_filters
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
     DataSourceStreamArrowWriter,
     DataSourceStreamReader,
+    Filter,
     InputPartition,
     WriterCommitMessage,
 )
@@ -69,14 +76,41 @@ def _required_topic(options: Any) -> str:
     return topic
 
 
-def _plan(topic: str, bounds: dict[int, tuple[int, int]], slice_size: int) -> list[EQueuePartition]:
-    """One partition per queue, a long range cut into slices of at most slice_size offsets."""
+MIN_SLICE = 32768  # offsets: below this a partition costs more to schedule than to read
+
+
+def _plan(topic: str, bounds: dict[int, tuple[int, int]], slice_size: int,
+          min_partitions: int = 1) -> list[EQueuePartition]:
+    """One partition per queue, a long range cut into slices of at most slice_size offsets; when
+    that makes fewer than min_partitions (e.g. one long queue, two cores), slices shrink (not
+    below MIN_SLICE offsets) so every core gets a share."""
+    total = sum(max(0, e - s) for s, e in bounds.values())
+    if min_partitions > 1 and total:
+        slice_size = min(slice_size, max(-(-total // min_partitions), MIN_SLICE))
     parts = []
     for q in sorted(bounds):
         start, end = bounds[q]
         for s, e in split_range(start, end, slice_size):
             parts.append(EQueuePartition(topic, q, s, e))
     return parts
+
+
+def _asked_by_pushdown_planner() -> bool:
+    """True when pyspark's filter-pushdown planner (pyspark/sql/worker/data_source_pushdown_filters.py)
+    is the caller creating the reader.
+
+    pyspark (4.1-4.3) refuses to plan a read with a reader that overrides pushFilters unless the
+    session sets spark.sql.python.filterPushdown.enabled=true, and that planner runs only when it
+    is set. So the source hands out its pushdown reader only to that planner: sessions with the
+    setting get pushdown, sessions without it read exactly as before instead of failing."""
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return False
+        if os.path.basename(frame.f_code.co_filename) == "data_source_pushdown_filters.py":
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 class EQueueDataSource(DataSource):
@@ -91,13 +125,21 @@ class EQueueDataSource(DataSource):
         return "equeue"
 
     def schema(self) -> StructType:
-        return spark_schema()
+        """All columns, or only those of the `columns` option (a read builds only those)."""
+        full = spark_schema()
+        cols = columns_option(self.options)
+        if cols is None:
+            return full
+        by_name = {f.name: f for f in full.fields}
+        return StructType([by_name[c] for c in cols])
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return EQueueBatchReader(dict(self.options))
+        if _asked_by_pushdown_planner():
+            return EQueuePushdownReader(dict(self.options), schema)
+        return EQueueBatchReader(dict(self.options), schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return EQueueStreamReader(dict(self.options))
+        return EQueueStreamReader(dict(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> EQueueWriter:
         return EQueueWriter(dict(self.options), schema)
@@ -113,10 +155,12 @@ class EQueueBatchReader(DataSourceReader):
     """Plans (on the driver) the offset slices of the selected queues and reads them (on executors).
 
     The end of each queue is fixed when partitions() runs, so the DataFrame is one snapshot even if
-    the broker keeps appending; re-running the action replans and sees the newer end.
+    the broker keeps appending; re-running the action replans and sees the newer end. Only the
+    columns of the schema Spark asks for are built (all of them, unless the `columns` option or a
+    user-given schema narrows it).
     """
 
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: dict[str, str], schema: StructType | None = None) -> None:
         self.options = options
         self.topic = _required_topic(options)
         self.location: StoreLocation = store_location(options)
@@ -126,29 +170,54 @@ class EQueueBatchReader(DataSourceReader):
         self.starting_ts = parse_ts(opt(options, "startingTimestamp"), "startingTimestamp")
         self.ending_ts = parse_ts(opt(options, "endingTimestamp"), "endingTimestamp")
         self.slice_size = int_opt(options, "maxOffsetsPerPartition", DEFAULT_MAX_OFFSETS_PER_PARTITION)
+        self.min_partitions = int_opt(options, "minPartitions", os.cpu_count() or 1)
         self.batch_rows = int_opt(options, "batchRows", DEFAULT_BATCH_ROWS)
+        self.columns = COLUMNS if schema is None else requested_columns(schema)
+        self.pushed = Pushdown()
 
     def bounds(self) -> dict[int, tuple[int, int]]:
-        """{queue: (start, end)} after options, clamped to what the store holds right now."""
+        """{queue: (start, end)} after options and pushed filters, clamped to what the store
+        holds right now; queues the filters exclude are left out."""
+        pushed = self.pushed
+        if pushed.nothing:
+            return {}
+        rows = pushed.rows
         reader = self.location.open()
         try:
             out = {}
             for q in topic_queues(reader, self.topic, self.queue_ids):
+                if not pushed.keeps_queue(q):
+                    continue
                 lo, hi = reader.queue_range(self.topic, q)
                 start = resolve_bound(self.starting, self.starting_ts, reader, self.topic, q, lo, hi, lo)
                 end = resolve_bound(self.ending, self.ending_ts, reader, self.topic, q, lo, hi, hi)
+                start, end = pushed.offset_bounds(start, end)
+                if end > start and rows.store_ts_min is not None:
+                    start = max(start, reader.offset_for_timestamp(self.topic, q, rows.store_ts_min))
+                if end > start and rows.store_ts_max is not None:
+                    end = min(end, reader.offset_for_timestamp(self.topic, q, rows.store_ts_max + 1))
                 out[q] = (start, max(start, end))
             return out
         finally:
             reader.close()
 
     def partitions(self) -> Sequence[InputPartition]:
-        return _plan(self.topic, self.bounds(), self.slice_size)
+        return _plan(self.topic, self.bounds(), self.slice_size, self.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, EQueuePartition)
-        yield from export_batches(self.location, partition.topic, partition.queue_id,
-                                  partition.start, partition.end, self.batch_rows)
+        if not isinstance(partition, EQueuePartition):
+            return iter(())  # nothing planned: pyspark runs one InputPartition(None)
+        return export_batches(self.location, partition.topic, partition.queue_id, partition.start,
+                              partition.end, self.batch_rows, self.columns, self.pushed.rows)
+
+
+class EQueuePushdownReader(EQueueBatchReader):
+    """The batch reader with filter pushdown (spark/pushdown.py): filters on topic, queue_id,
+    queue_offset, tag and store_ts prune partitions and rows; the rest are left to Spark."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        self.pushed, rest = push_filters(filters, self.topic)
+        return rest
 
 
 # ---------------------------------------------------------------- streaming read
@@ -163,10 +232,11 @@ class EQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     kept are moved up to the queue's minimum (those messages are gone).
     """
 
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: dict[str, str], schema: StructType | None = None) -> None:
         self.options = options
         self.topic = _required_topic(options)
         self.location: StoreLocation = store_location(options)
+        self.columns = COLUMNS if schema is None else requested_columns(schema)
         self.queue_ids = parse_queue_ids(opt(options, "queues"))
         self.starting = parse_offset_spec(opt(options, "startingOffsets"), "startingOffsets") or "earliest"
         self.slice_size = int_opt(options, "maxOffsetsPerPartition", DEFAULT_MAX_OFFSETS_PER_PARTITION)
@@ -270,7 +340,7 @@ class EQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, EQueuePartition)
         yield from export_batches(self.location, partition.topic, partition.queue_id,
-                                  partition.start, partition.end, self.batch_rows)
+                                  partition.start, partition.end, self.batch_rows, self.columns)
 
     def commit(self, end: dict) -> None:
         """Nothing to release: offsets live in Spark's checkpoint, not in the broker."""

@@ -21,8 +21,12 @@ def prepare_environment() -> None:
 
 
 def get_session(master: str = "local[*]", app_name: str = "equeue", shuffle_partitions: int = 4,
-                extra_conf: dict[str, str] | None = None) -> Any:
-    """getOrCreate a session with the equeue source registered; reuses a running one."""
+                extra_conf: dict[str, str] | None = None, filter_pushdown: bool = False) -> Any:
+    """getOrCreate a session with the equeue source registered; reuses a running one.
+
+    filter_pushdown sets spark.sql.python.filterPushdown.enabled, so reads prune by pushed filters;
+    off by default because pyspark 4.3 then reuses one DataFrame's last pushed plan for its later
+    unfiltered actions (docs/spark.md, "Filter pushdown")."""
     prepare_environment()
     from equeue_spark import register
     from pyspark.sql import SparkSession
@@ -34,6 +38,8 @@ def get_session(master: str = "local[*]", app_name: str = "equeue", shuffle_part
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.driver.host", "127.0.0.1"))
+    if filter_pushdown:
+        builder = builder.config("spark.sql.python.filterPushdown.enabled", "true")
     for k, v in (extra_conf or {}).items():
         builder = builder.config(k, v)
     session = builder.getOrCreate()

@@ -112,15 +112,27 @@ def store_ts(rec: bytes | memoryview) -> int:
 
 
 def export_batches(read_chunk: Callable[[int, int], list[bytes]], start: int, end: int, batch_rows: int,
-                   address: tuple[str, int]) -> Iterator[Any]:
+                   address: tuple[str, int], columns: Sequence[str] | None = None,
+                   row_filter: Any = None) -> Iterator[Any]:
     """RecordBatches for [start, end), batch_rows at a time; read_chunk(offset, n) returns n
-    verified records (each chunk from one snapshot)."""
-    from equeue_core.export import records_to_arrow
+    verified records (each chunk from one snapshot). Only `columns` are built and rows
+    `row_filter` rejects are left out (equeue_core.export.layout_to_arrow)."""
+    from equeue_core.export import MAX_BATCH_BYTES, rows_to_arrow
 
     batch_rows = max(1, batch_rows)
     off = start
     while off < end:
         n = min(batch_rows, end - off)
         recs = read_chunk(off, n)
-        yield records_to_arrow(((r, 0) for r in recs), address)
+        if sum(map(len, recs)) <= MAX_BATCH_BYTES:
+            yield rows_to_arrow(recs, address, columns, row_filter)
+            off += n
+            continue
+        first = size = 0
+        for i, r in enumerate(recs):  # a batch's bytes stay addressable by Arrow (int32 offsets)
+            if size and size + len(r) > MAX_BATCH_BYTES:
+                yield rows_to_arrow(recs[first:i], address, columns, row_filter)
+                first, size = i, 0
+            size += len(r)
+        yield rows_to_arrow(recs[first:], address, columns, row_filter)
         off += n

@@ -9,7 +9,7 @@ writer; an export reads each batch of rows in one snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from equeue_core.export import broker_address_of
@@ -40,9 +40,10 @@ class LmdbStoreReader:
         with self.env.begin(buffers=True) as txn:
             return Snapshot(self.shared, txn).offset_for_timestamp(topic, queue_id, ts_ms)
 
-    def export(self, topic: str, queue_id: int, start: int, end: int, batch_rows: int = 65536) -> Iterator[Any]:
-        """Offsets [start, min(end, max offset now)) as RecordBatches; start below the queue's
-        min offset raises OffsetOutOfRangeError."""
+    def export(self, topic: str, queue_id: int, start: int, end: int, batch_rows: int = 65536,
+               columns: Sequence[str] | None = None, row_filter: Any = None) -> Iterator[Any]:
+        """Offsets [start, min(end, max offset now)) as RecordBatches (only `columns`, rows
+        `row_filter` keeps); start below the queue's min offset raises OffsetOutOfRangeError."""
         lo, hi = self.queue_range(topic, queue_id)
         if start < lo or start > hi:
             raise queries.out_of_range(start, lo, hi)
@@ -52,7 +53,7 @@ class LmdbStoreReader:
             with self.env.begin(buffers=True) as txn:
                 return Snapshot(self.shared, txn).read_chunk(topic, queue_id, offset, count)
 
-        return queries.export_batches(read_chunk, start, end, batch_rows, self.address)
+        return queries.export_batches(read_chunk, start, end, batch_rows, self.address, columns, row_filter)
 
     def group_offsets(self) -> dict[tuple[str, str, int], int]:
         with self.env.begin(buffers=True) as txn:

@@ -11,7 +11,7 @@ shares the primary instance.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from equeue_core.export import broker_address_of
@@ -42,16 +42,17 @@ class RocksStoreReader:
     def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int:
         return self._fresh().offset_for_timestamp(topic, queue_id, ts_ms)
 
-    def export(self, topic: str, queue_id: int, start: int, end: int, batch_rows: int = 65536) -> Iterator[Any]:
-        """Offsets [start, min(end, max offset now)) as RecordBatches; start below the queue's
-        min offset raises OffsetOutOfRangeError."""
+    def export(self, topic: str, queue_id: int, start: int, end: int, batch_rows: int = 65536,
+               columns: Sequence[str] | None = None, row_filter: Any = None) -> Iterator[Any]:
+        """Offsets [start, min(end, max offset now)) as RecordBatches (only `columns`, rows
+        `row_filter` keeps); start below the queue's min offset raises OffsetOutOfRangeError."""
         lo, hi = self.queue_range(topic, queue_id)
         if start < lo or start > hi:
             raise queries.out_of_range(start, lo, hi)
         end = min(end, hi)
         view = self.view
         return queries.export_batches(lambda o, n: view.read_chunk(topic, queue_id, o, n),
-                                      start, end, batch_rows, self.address)
+                                      start, end, batch_rows, self.address, columns, row_filter)
 
     def group_offsets(self) -> dict[tuple[str, str, int], int]:
         self.shared.catch_up()

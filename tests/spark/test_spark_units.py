@@ -31,6 +31,14 @@ def test_slices_cover_the_range_exactly():
         (0, 0, 1_000_000), (0, 1_000_000, 2_000_000), (0, 2_000_000, 2_500_000), (2, 3, 4)]
 
 
+def test_one_long_queue_is_split_so_every_core_gets_a_share():
+    parts = _plan("t", {0: (0, 1_000_000)}, 1_000_000, min_partitions=2)
+    assert [(p.start, p.end) for p in parts] == [(0, 500_000), (500_000, 1_000_000)]
+    # never below MIN_SLICE offsets per partition, never above maxOffsetsPerPartition
+    assert len(_plan("t", {0: (0, 40_000)}, 1_000_000, min_partitions=8)) == 2
+    assert len(_plan("t", {0: (0, 3_000_000)}, 1_000_000, min_partitions=2)) == 3
+
+
 def test_max_rows_is_shared_fairly_and_never_exceeded():
     cap = EQueueStreamReader._cap
     start = {"0": 0, "1": 100, "2": 50, "3": 7}
