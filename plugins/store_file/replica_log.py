@@ -103,7 +103,10 @@ class FileReplicaLog:
                 store.index.add(run.topic, run.queue_id, run.first_offset, run.entries)
                 key = (run.topic, run.queue_id)
                 store._next[key] = run.first_offset + len(run.starts)
-                store._min.setdefault(key, run.first_offset)
+                # no store._min entry here: the index knows the queue's first offset (add() starts
+                # a new queue at its first copied run). A queue this store wrote itself as a master
+                # has none either, and naming the first copied offset its minimum would hide every
+                # earlier record after a live demotion (truncate_log, then copies from the cut).
         except BaseException as e:
             # the log holds records part of the index lacks: refuse until a restart, whose
             # recovery rebuilds the index from the log

@@ -134,6 +134,36 @@ def test_truncated_replica_drops_its_tail_and_copies_it_again(store_name, tmp_pa
         master.close()
 
 
+def test_master_cut_while_open_then_copying_serves_every_queue_from_offset_zero(store_name, tmp_path):
+    """A live master demoted without a restart: its store, written by append(), is cut at the
+    point its new master's log leaves it, then copies the new master's records. Every queue must
+    still start at offset 0 (not at the first offset copied after the cut)."""
+    old = open_store(store_name, str(tmp_path / "old"), **_options(store_name))
+    new = open_store(store_name, str(tmp_path / "new"), **_options(store_name))
+    try:
+        _fill(old)
+        _copy(old.engine.replica_log, new.engine.replica_log, 5000)
+        cut = new.engine.replica_log.end_position()
+        _fill(old, 5)  # the old master's tail, never copied
+        _fill(new, 3)  # the new master's own records from the same position on
+        old.engine.replica_log.truncate_log(cut)
+        assert old.engine.replica_log.end_position() == cut
+        _copy(new.engine.replica_log, old.engine.replica_log, 7000)
+        assert old.engine.replica_log.end_position() == new.engine.replica_log.end_position()
+        for topic, q in TOPICS:
+            lo, hi = new.store.queue_range(topic, q)
+            assert lo == 0 and hi > 0
+            assert old.store.queue_range(topic, q) == (lo, hi), f"{topic}/{q}"
+            mine = old.store.read_queue(topic, q, 0, 1 << 16, 1 << 24)
+            theirs = new.store.read_queue(topic, q, 0, 1 << 16, 1 << 24)
+            assert (mine.count, mine.next_offset) == (theirs.count, hi)
+            assert bytes(mine.records) == bytes(theirs.records), f"{topic}/{q} differs"
+        _same_queues(old, new)
+    finally:
+        new.close()
+        old.close()
+
+
 def _positions(data: bytes) -> list[int]:
     out, at = [], 0
     while at < len(data):
