@@ -263,9 +263,12 @@ class AsyncConsumer:
         for key in sorted(set(self.queues) - wanted):
             await self._drop_queue(key)
         added = sorted(wanted - set(self.queues))
-        # their start offsets are asked for all at once (pipelined on the connection), so taking
-        # 1000 queues costs about one round trip, not 1000
-        await asyncio.gather(*(self._add_queue(key) for key in added))
+        # One at a time: asking every start offset at once (asyncio.gather) starts every queue's
+        # first pull in the same loop turn, and under a small max_connection_bytes those answers
+        # kept the broker from reading this connection's heartbeat for 30 s
+        # (tests/test_connection_limits.py); see the closing note of issue 15.
+        for key in added:
+            await self._add_queue(key)
         if added or len(wanted) != len(self.queues):
             log.info("%s now consumes %d queues", self.client_id, len(self.queues))
         if added and self.orderly:
