@@ -57,3 +57,19 @@ def test_an_explicit_pull_batch_stays_fixed(file_broker):
         assert c.stats["pull_batch_peak"] == 0
     finally:
         c.close()
+
+
+def test_a_pull_answer_fits_the_brokers_frame_limit_whatever_batch_the_consumer_asks(tmp_path):
+    """A consumer asking 1024 records of ~280 bytes (~290 KB) from a broker whose max_frame_size is
+    65000: the broker answers what fits a frame instead of failing the pull, so the backlog drains.
+    (The adaptive batch reached this size and stalled the consumer before the broker capped it.)"""
+    from tests.helpers.broker import BrokerProcess
+    from tests.helpers.consume import consume
+
+    cfg = tmp_path / "b.toml"
+    cfg.write_text("max_frame_size = 65000\nmax_body_size = 16384\n")
+    with BrokerProcess(tmp_path / "data", config=str(cfg)).start() as b:
+        with Producer(b.address) as p:
+            for _ in range(30):
+                p.send_batch([Message("small-frames", b"x" * 200) for _ in range(100)], routing_key="k")
+        assert len(consume(b.address, "g", "small-frames", 3000, timeout=60, pull_batch=1024).items) == 3000

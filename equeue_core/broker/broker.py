@@ -50,6 +50,7 @@ from equeue_core.serving import access_gate, server_settings
 from equeue_core.threads import run_to_end
 
 log = logging.getLogger("equeue.broker")
+PULL_HEADER_ROOM = 4096  # bytes of a pull answer's frame kept for its header (status, offsets)
 
 Handler = Callable[[ServerConnection, Frame], Awaitable[Frame | None]]
 # Requests a replica refuses with not_master (Broker.append refuses the scheduler's writes too).
@@ -315,6 +316,13 @@ class Broker:
                                "broker": f"{self.address[0]}:{self.address[1]}",
                                "id_prefix": self.id_prefix})
 
+    def _pull_max_bytes(self) -> int:
+        """Records per pull answer: pull_max_bytes, but never more than a frame can carry (with
+        room for the answer's header), whatever max_count a consumer asks for: an adaptive pull
+        batch grows its max_count without knowing the broker's max_frame_size."""
+        cfg = self.config
+        return max(1, min(cfg.pull_max_bytes, cfg.max_frame_size - PULL_HEADER_ROOM))
+
     async def on_pull(self, conn: ServerConnection, frame: Frame) -> Frame:
         arrived = time.perf_counter()
         parked = 0.0
@@ -330,8 +338,8 @@ class Broker:
         deadline = time.monotonic() + hold_ms / 1000
         while True:
             try:
-                res = self.store.read_queue(topic, queue_id, offset, max_count,
-                                            self.config.pull_max_bytes, tag_hashes)
+                res = self.store.read_queue(topic, queue_id, offset, max_count, self._pull_max_bytes(),
+                                            tag_hashes)
             except CorruptRecordError as e:
                 log.error("pull %s/%d of group %s refused: %s (skip it with `equeue groups skip`)",
                           topic, queue_id, h.get("group"), e)
