@@ -15,27 +15,11 @@ from equeue_core import curve_keys
 from equeue_core.client import AdminClient, Consumer, Message, Producer
 from equeue_core.client.nameserver import NameServerClient
 from equeue_core.errors import AccessDeniedError, HandshakeRefusedError, TlsRequiredError, TopicNotFoundError
+from tests.helpers.accounts import ACL, APP, ROOT
 from tests.helpers.broker import BrokerProcess
 from tests.helpers.certs import Certs, make_certs
 from tests.helpers.nameserver import NameServerProcess, cluster_args, wait_for
 from tests.helpers.waiting import wait_until
-
-ROOT = ("root", "root-secret-0001")  # admin: what brokers register as
-APP = ("app", "app-secret-0001")  # may send and consume everything, not admin
-ACL = f"""
-[[accounts]]
-access_key = "{ROOT[0]}"
-secret_key = "{ROOT[1]}"
-topics = ["*"]
-groups = ["*"]
-admin = true
-
-[[accounts]]
-access_key = "{APP[0]}"
-secret_key = "{APP[1]}"
-topics = ["*"]
-groups = ["*"]
-"""
 
 
 class SecureCluster:

@@ -8,27 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from equeue_core.client.nameserver import NameServerClient
+from tests.helpers.accounts import ACL, APP, ROOT
 from tests.helpers.broker import BrokerProcess
 from tests.helpers.certs import Certs, make_certs
 from tests.helpers.controller import group_view, wait_for_master
 from tests.helpers.nameserver import cluster_args, controller_nameservers
-
-ROOT = ("root", "root-secret-0001")
-APP = ("app", "app-secret-0001")
-ACL = f"""
-[[accounts]]
-access_key = "{ROOT[0]}"
-secret_key = "{ROOT[1]}"
-topics = ["*"]
-groups = ["*"]
-admin = true
-
-[[accounts]]
-access_key = "{APP[0]}"
-secret_key = "{APP[1]}"
-topics = ["*"]
-groups = ["*"]
-"""
 
 
 def _secure_nameservers(d: Path, certs: Certs, acl: Path):
