@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.counting import CountingHandler  # noqa: E402
 from tests.helpers.broker import BrokerProcess, free_port  # noqa: E402
 
 
@@ -80,27 +81,18 @@ def role_consume(address: str, topic: str, count: int, group: str, orderly: bool
                  pull_batch: int = 256) -> dict:
     from equeue_core.client import Consumer
 
-    lock = threading.Lock()
-    seen = 0
-    done = threading.Event()
-
-    def handler(m) -> None:
-        nonlocal seen
-        with lock:
-            seen += 1
-            if seen >= count:
-                done.set()
+    handler = CountingHandler(count)
 
     cs = [Consumer(group, address, consume_from="first", orderly=orderly, pull_batch=pull_batch).subscribe(topic)
           for _ in range(consumers)]
     start = time.perf_counter()
     for c in cs:
         c.start(handler)
-    done.wait(600)
+    handler.done.wait(600)
     elapsed = time.perf_counter() - start
     for c in cs:
         c.close()
-    return {"count": seen, "seconds": elapsed, "msgs_per_s": seen / elapsed}
+    return {"count": handler.seen, "seconds": elapsed, "msgs_per_s": handler.seen / elapsed}
 
 
 def role_latency(address: str, topic: str, rate: int, seconds: float) -> dict:

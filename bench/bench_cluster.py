@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.counting import CountingHandler  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
 from tests.helpers.nameserver import NameServerProcess, cluster_args  # noqa: E402
 
@@ -68,28 +69,18 @@ def role_produce(nameserver: str, topic: str, count: int, size: int) -> dict:
 
 
 def role_consume(nameserver: str, topic: str, count: int) -> dict:
-    import threading
 
     from equeue_core.client import Consumer
 
-    done = threading.Event()
-    n = 0
-    lock = threading.Lock()
-
-    def handler(_m) -> None:
-        nonlocal n
-        with lock:
-            n += 1
-            if n >= count:
-                done.set()
+    handler = CountingHandler(count)
 
     c = Consumer("bench", nameserver=nameserver, consume_from="first", pull_batch=256)
     start = time.perf_counter()
     c.subscribe(topic).start(handler)
-    done.wait(600)
+    handler.done.wait(600)
     elapsed = time.perf_counter() - start
     c.close()
-    return {"count": n, "seconds": elapsed}
+    return {"count": handler.seen, "seconds": elapsed}
 
 
 # ---------------------------------------------------------------- measurements

@@ -20,13 +20,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.counting import CountingHandler  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
 
 CASES = [("1 topic x 4 queues", 1, 4), ("1 topic x 100 queues", 1, 100), ("1 topic x 1000 queues", 1, 1000),
@@ -81,26 +81,17 @@ def role_produce(address: str, topics: list[str], count: int, size: int) -> dict
 def role_consume(address: str, topics: list[str], count: int, offset_dir: str) -> dict:
     from equeue_core.client import Consumer
 
-    lock = threading.Lock()
-    seen = 0
-    done = threading.Event()
-
-    def handler(m) -> None:
-        nonlocal seen
-        with lock:
-            seen += 1
-            if seen >= count:
-                done.set()
+    handler = CountingHandler(count)
 
     c = Consumer("drain", address, consume_from="first", offset_dir=offset_dir)
     for t in topics:
         c.subscribe(t)
     start = time.perf_counter()
     c.start(handler)
-    done.wait(600)
+    handler.done.wait(600)
     elapsed = time.perf_counter() - start
     c.close()
-    return {"count": seen, "seconds": elapsed, "msgs_per_s": seen / elapsed}
+    return {"count": handler.seen, "seconds": elapsed, "msgs_per_s": handler.seen / elapsed}
 
 
 def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int) -> dict:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from bench.counting import CountingHandler
 from bench.peers.common import chunks, latency_ms, paced, rate_row, stamp, summary, warmup_body
 
 SYSTEMS = ["equeue"]
@@ -76,26 +77,17 @@ def consume(info: dict, system: str, name: str, count: int) -> dict:
     batch, threads, flow control) from the first offset; the warm-up message counts too."""
     from equeue_core.client import Consumer
 
-    lock = threading.Lock()
-    seen = 0
-    done = threading.Event()
-
-    def handler(m) -> None:
-        nonlocal seen
-        with lock:
-            seen += 1
-            if seen >= count:
-                done.set()
+    handler = CountingHandler(count)
 
     c = Consumer(f"drain-{name}", info["address"], consume_from="first",
                  offset_dir=info["offset_dir"])
     c.subscribe(name)
     start = time.perf_counter()
     c.start(handler)
-    done.wait(600)
+    handler.done.wait(600)
     elapsed = time.perf_counter() - start
     c.close()
-    return rate_row(seen, elapsed)
+    return rate_row(handler.seen, elapsed)
 
 
 def single(info: dict, system: str, name: str, size: int, count: int, budget: float = 1e9) -> dict:
