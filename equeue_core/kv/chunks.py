@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from equeue_core.errors import MessageNotFoundError
-from equeue_core.record import HEADER_SIZE, OFF_POSITION, verify
+from equeue_core.kv import keys
+from equeue_core.record import HEADER_SIZE, INDEX_ENTRY_SIZE, OFF_POSITION, index_entries, stamp_batch, verify
 
 DEFAULT_CHUNK_BYTES = 64 * 1024
 
@@ -49,6 +51,36 @@ def split(starts: Sequence[int], end: int, chunk_bytes: int) -> list[tuple[int, 
             first = i
     out.append((first, n - first))
     return out
+
+
+@dataclass(slots=True)
+class StampedBatch:
+    """A batch stamped for a key-value store, cut into the values one write will put."""
+
+    positions: list[int]  # the store position of each record
+    log_chunks: list[tuple[bytes, memoryview]]  # (log key, the chunk's stamped records)
+    index_chunks: list[tuple[int, memoryview]]  # (first queue offset, the chunk's INDEX_ENTRY entries)
+    end: int  # the store's next position once the batch is written
+
+
+def stamp_chunks(batch: bytearray, starts: Sequence[int], base: int, first_offset: int, queue_id: int,
+                 store_ts: int, chunk_bytes: int) -> StampedBatch:
+    """Stamp a scanned batch (positions from `base`, queue offsets from `first_offset`) and cut
+    it into chunks: what LMDB's transaction and RocksDB's WriteBatch both put. The views share
+    `batch`'s memory (no copy); the caller writes them before `batch` changes."""
+    positions = positions_for(starts, base)
+    stamp_batch(batch, starts, positions, first_offset, queue_id, store_ts)
+    entries = memoryview(index_entries(batch, starts, positions))
+    stop = batch_end(batch, starts)
+    mv = memoryview(batch)
+    n = len(starts)
+    log_chunks = []
+    index_chunks = []
+    for i, count in split(starts, stop, chunk_bytes):
+        j = i + count
+        log_chunks.append((keys.log_key(positions[i]), mv[starts[i]:starts[j] if j < n else stop]))
+        index_chunks.append((first_offset + i, entries[i * INDEX_ENTRY_SIZE:j * INDEX_ENTRY_SIZE]))
+    return StampedBatch(positions, log_chunks, index_chunks, base + stop - starts[0])
 
 
 _U64 = struct.Struct("<Q")

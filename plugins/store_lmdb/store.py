@@ -31,7 +31,7 @@ from equeue_core.errors import CorruptRecordError, StoreError
 from equeue_core.flush import Flusher
 from equeue_core.kv import chunks, keys, queries
 from equeue_core.kv import replica_log as replica
-from equeue_core.record import INDEX_ENTRY_SIZE, header_fields, index_entries, now_ms, stamp_batch
+from equeue_core.record import header_fields, now_ms
 
 from .environment import SharedEnv
 from .index import LmdbQueueIndex
@@ -131,25 +131,14 @@ class LmdbMessageStore:
         first_offset = self.index.queue_range(topic, queue_id)[1]
         if not starts:
             return AppendResult(first_offset, [], self._next)
-        base = self._next
-        positions = chunks.positions_for(starts, base)
         self._last_ts = max(self._last_ts, now_ms())
-        stamp_batch(batch, starts, positions, first_offset, queue_id, self._last_ts)
-        entries = memoryview(index_entries(batch, starts, positions))
-        stop = chunks.batch_end(batch, starts)
-        mv = memoryview(batch)
-        n = len(starts)
-        log_items = []
-        index_chunks = []
-        for i, count in chunks.split(starts, stop, self.chunk_bytes):
-            j = i + count
-            log_items.append((keys.log_key(positions[i]), mv[starts[i]:starts[j] if j < n else stop]))
-            index_chunks.append((first_offset + i, entries[i * INDEX_ENTRY_SIZE:j * INDEX_ENTRY_SIZE]))
-        end = base + stop - starts[0]
+        stamped = chunks.stamp_chunks(batch, starts, self._next, first_offset, queue_id, self._last_ts,
+                                      self.chunk_bytes)
+        end = stamped.end
         try:
             with self.env.begin(write=True) as txn:
-                txn.cursor(self.log_db).putmulti(log_items, append=True)
-                new_range = self.index.stage(txn, topic, queue_id, index_chunks)
+                txn.cursor(self.log_db).putmulti(stamped.log_chunks, append=True)
+                new_range = self.index.stage(txn, topic, queue_id, stamped.index_chunks)
                 txn.put(keys.NEXT_POSITION, keys.U64_VALUE.pack(end), db=self.state_db)
         except lmdb.MapFullError as e:
             raise StoreError("LMDB map is full: raise store_options.lmdb.map_size") from e
@@ -160,7 +149,7 @@ class LmdbMessageStore:
         self._next = end
         self.index.publish(topic, queue_id, new_range)
         self.flusher.written(end)
-        return AppendResult(first_offset, positions, end)
+        return AppendResult(first_offset, stamped.positions, end)
 
     def wait_flushed(self, end_position: int) -> concurrent.futures.Future:
         return self.flusher.wait(end_position)

@@ -31,7 +31,7 @@ from equeue_core.errors import CorruptRecordError, StoreError
 from equeue_core.flush import Flusher
 from equeue_core.kv import chunks, keys, queries
 from equeue_core.kv import replica_log as replica
-from equeue_core.record import INDEX_ENTRY_SIZE, header_fields, index_entries, now_ms, stamp_batch
+from equeue_core.record import header_fields, now_ms
 
 from .database import SharedDb
 from .index import RocksQueueIndex
@@ -142,24 +142,16 @@ class RocksMessageStore:
         first_offset = self.index.queue_range(topic, queue_id)[1]
         if not starts:
             return AppendResult(first_offset, [], self._next)
-        base = self._next
-        positions = chunks.positions_for(starts, base)
         self._last_ts = max(self._last_ts, now_ms())
-        stamp_batch(batch, starts, positions, first_offset, queue_id, self._last_ts)
-        entries = bytes(index_entries(batch, starts, positions))
-        stop = chunks.batch_end(batch, starts)
-        mv = memoryview(batch)
-        n = len(starts)
+        stamped = chunks.stamp_chunks(batch, starts, self._next, first_offset, queue_id, self._last_ts,
+                                      self.chunk_bytes)
+        end = stamped.end
         wb = rocksdict.WriteBatch(raw_mode=True)
         log_cf = self.shared.cf["log"]
-        index_chunks = []
-        for i, count in chunks.split(starts, stop, self.chunk_bytes):
-            j = i + count
-            # rocksdict's raw mode takes bytes only: one copy per chunk
-            wb.put(keys.log_key(positions[i]), bytes(mv[starts[i]:starts[j] if j < n else stop]), log_cf)
-            index_chunks.append((first_offset + i, entries[i * INDEX_ENTRY_SIZE:j * INDEX_ENTRY_SIZE]))
-        new_range = self.index.stage(wb, topic, queue_id, index_chunks)
-        end = base + stop - starts[0]
+        for key, records in stamped.log_chunks:
+            wb.put(key, bytes(records), log_cf)  # rocksdict's raw mode takes bytes only: one copy per chunk
+        new_range = self.index.stage(wb, topic, queue_id,
+                                     [(first, bytes(entries)) for first, entries in stamped.index_chunks])
         wb.put(keys.NEXT_POSITION, keys.U64_VALUE.pack(end), self.shared.cf["state"])
         try:
             self.shared.db.write(wb, self._write_opts)
@@ -168,7 +160,7 @@ class RocksMessageStore:
         self._next = end
         self.index.publish(topic, queue_id, new_range)
         self.flusher.written(end)
-        return AppendResult(first_offset, positions, end)
+        return AppendResult(first_offset, stamped.positions, end)
 
     def wait_flushed(self, end_position: int) -> concurrent.futures.Future:
         return self.flusher.wait(end_position)
