@@ -19,35 +19,16 @@ from equeue_core.client.loop import run_sync
 from equeue_core.codes import Code
 from equeue_core.errors import AccessDeniedError, ConfigError
 from equeue_core.frame import Frame
+from tests.helpers.accounts import APP, ROOT, account
 from tests.helpers.broker import BrokerProcess, free_port
 from tests.helpers.waiting import wait_until
 
-ADMIN = ("root", "root-secret-0001")
-APP = ("app", "app-secret-0001")
+ADMIN = ROOT
 LOCAL = ("local", "local-secret-0001")
 LEVELS = "200ms 300ms 400ms 500ms 600ms 700ms 800ms 900ms"
 
-ACL = f"""
-[[accounts]]
-access_key = "{ADMIN[0]}"
-secret_key = "{ADMIN[1]}"
-topics = ["*"]
-groups = ["*"]
-admin = true
-
-[[accounts]]
-access_key = "{APP[0]}"
-secret_key = "{APP[1]}"
-topics = ["orders.*", "work"]
-groups = ["g1", "gr"]
-
-[[accounts]]
-access_key = "{LOCAL[0]}"
-secret_key = "{LOCAL[1]}"
-topics = ["*"]
-groups = ["*"]
-addresses = ["127.0.0.1/32"]
-"""
+ACL = "\n".join([account(ADMIN, admin=True), account(APP, topics=["orders.*", "work"], groups=["g1", "gr"]),
+                  account(LOCAL, addresses=["127.0.0.1/32"])])
 
 
 @pytest.fixture(scope="module")

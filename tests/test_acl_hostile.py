@@ -24,21 +24,14 @@ from equeue_core import frame as framing
 from equeue_core.client import AdminClient, Message, Producer
 from equeue_core.codes import Code
 from equeue_core.frame import Frame
+from tests.helpers.accounts import ADMIN_ONLY, ROOT
 from tests.helpers.broker import BrokerProcess
 from tests.helpers.certs import make_certs
 from tests.helpers.curve import make_curve_keys
 from tests.test_acl import raw_request
 from tests.test_broker_hostile import _garbage_client, headers, values
 
-ROOT = ("root", "root-secret-0001")
-ACL = f"""
-[[accounts]]
-access_key = "{ROOT[0]}"
-secret_key = "{ROOT[1]}"
-topics = ["*"]
-groups = ["*"]
-admin = true
-"""
+ACL = ADMIN_ONLY
 REFUSALS = {"access_denied", "unknown_request", "protocol"}
 
 forged_auth = st.fixed_dictionaries({}, optional={
