@@ -126,9 +126,11 @@ static void crc_select(void)
 /* ------------------------------------------------------------------ bound Python objects */
 
 /* The Python versions (fallbacks) and the error classes, set by record.py / message.py. */
-enum { FB_SCAN, FB_STAMP_BATCH, FB_INDEX_ENTRIES, FB_VERIFY, FB_DAMAGE, FB_CRC_SPANS, FB_DECODE_BATCH, FB_COUNT };
+enum { FB_SCAN, FB_STAMP_BATCH, FB_INDEX_ENTRIES, FB_VERIFY, FB_DAMAGE, FB_CRC_SPANS, FB_DECODE_BATCH, FB_ENCODE_RECORD,
+       FB_TAG_HASH, FB_PROPS_ENCODE, FB_COUNT };
 static const char *const fb_names[FB_COUNT] = {
-    "scan", "stamp_batch", "index_entries", "verify", "damage", "crc_spans", "decode_batch",
+    "scan", "stamp_batch", "index_entries", "verify", "damage", "crc_spans", "decode_batch", "encode_record",
+    "tag_hash", "props_encode",
 };
 static PyObject *fallback[FB_COUNT];
 static PyObject *CorruptRecordError, *InvalidMessageError, *MessageTooLargeError;
@@ -807,6 +809,9 @@ static PyObject *n_decode_batch(PyObject *self, PyObject *const *args, Py_ssize_
     PyObject *topic = NULL;
     const uint8_t *topic_at = NULL;
     uint32_t topic_len = 0;
+    PyObject *tag = NULL; /* and often a tag */
+    const uint8_t *tag_at = NULL;
+    uint32_t tag_len = 0;
     if (out == NULL)
         goto error;
     while (pos < end) {
@@ -833,7 +838,15 @@ static PyObject *n_decode_batch(PyObject *self, PyObject *const *args, Py_ssize_
         p += tlen;
         PyObject *v[RM_FIELDS] = {0};
         if (taglen) {
-            v[4] = PyUnicode_DecodeUTF8((const char *)p, taglen, NULL);
+            if (tag == NULL || taglen != tag_len || memcmp(p, tag_at, taglen) != 0) {
+                PyObject *t = PyUnicode_DecodeUTF8((const char *)p, taglen, NULL);
+                if (t == NULL)
+                    goto error_fields;
+                Py_XSETREF(tag, t);
+                tag_at = p;
+                tag_len = taglen;
+            }
+            v[4] = Py_NewRef(tag);
         } else {
             v[4] = Py_NewRef(Py_None);
         }
@@ -897,13 +910,167 @@ static PyObject *n_decode_batch(PyObject *self, PyObject *const *args, Py_ssize_
         goto error;
     }
     Py_XDECREF(topic);
+    Py_XDECREF(tag);
     PyBuffer_Release(&view);
     return out;
 error:
     Py_XDECREF(topic);
+    Py_XDECREF(tag);
     Py_XDECREF(out);
     PyBuffer_Release(&view);
     return NULL;
+}
+
+
+/* ------------------------------------------------------------------ encode_record */
+
+#include <time.h>
+
+/* tag -> tag_hash(tag) (blake2b, computed by record.tag_hash): producers use few tags. */
+static PyObject *tag_hashes;
+#define TAG_HASH_CACHE_MAX 4096
+
+static int tag_hash_of(PyObject *tag, uint64_t *out)
+{
+    PyObject *h = PyDict_GetItemWithError(tag_hashes, tag);
+    if (h == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        PyObject *const one[1] = {tag};
+        h = call_fallback(FB_TAG_HASH, one, 1, NULL);
+        if (h == NULL)
+            return -1;
+        if (PyDict_GET_SIZE(tag_hashes) >= TAG_HASH_CACHE_MAX)
+            PyDict_Clear(tag_hashes);
+        int rc = PyDict_SetItem(tag_hashes, tag, h);
+        Py_DECREF(h);
+        if (rc < 0)
+            return -1;
+    }
+    if (!as_u64(h, out)) {
+        PyErr_SetString(PyExc_RuntimeError, "tag_hash did not return a u64");
+        return -1;
+    }
+    return 0;
+}
+
+static const char *const encode_kw[] = {"topic", "body", "tag", "keys", "properties", "queue_id", "born_ts",
+                                        "reconsume"};
+
+static PyObject *n_encode_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[8];
+    if (parse_args("encode_record", args, nargs, kwnames, encode_kw, 8, 2, a) < 0)
+        return NULL;
+    PyObject *topic = a[0], *body = a[1], *tag = a[2], *keys = a[3], *props = a[4];
+    uint64_t queue_id = 0, reconsume = 0;
+    int64_t born = 0;
+    Py_ssize_t topic_len, tag_len = 0, nkeys = 0, keys_len = 0, props_len = 0;
+    const char *topic_b, *tag_b = NULL;
+    PyObject *const *key_items = NULL;
+    PyObject *props_b = NULL, *out = NULL;
+    /* Only the plain cases here: str topic/tag/keys that encode, a dict of properties, bytes or
+     * bytearray body, ints in range; Python does (and words the errors of) everything else. */
+    if (!PyUnicode_CheckExact(topic) || (tag != NULL && tag != Py_None && !PyUnicode_CheckExact(tag))
+        || (props != NULL && props != Py_None && !PyDict_CheckExact(props))
+        || (a[5] != NULL && (!as_u64(a[5], &queue_id) || queue_id > 0xFFFFFFFFu))
+        || (a[7] != NULL && (!as_u64(a[7], &reconsume) || reconsume > 0xFFFFFFFFu))
+        || (a[6] != NULL && a[6] != Py_None && !as_i64(a[6], &born))
+        || !(PyBytes_CheckExact(body) || PyByteArray_CheckExact(body)))
+        goto fallback;
+    if (keys != NULL && !ints_from_sequence(keys, &nkeys, &key_items))
+        goto fallback;
+    if ((topic_b = PyUnicode_AsUTF8AndSize(topic, &topic_len)) == NULL)
+        goto fallback_clear;
+    if (tag != NULL && tag != Py_None && PyUnicode_GET_LENGTH(tag) > 0
+        && (tag_b = PyUnicode_AsUTF8AndSize(tag, &tag_len)) == NULL)
+        goto fallback_clear;
+    for (Py_ssize_t i = 0; i < nkeys; i++) {
+        Py_ssize_t n;
+        if (!PyUnicode_CheckExact(key_items[i]))
+            goto fallback;
+        if (PyUnicode_FindChar(key_items[i], 0x1F, 0, PyUnicode_GET_LENGTH(key_items[i]), 1) != -1) {
+            raise_msg(InvalidMessageError, PyUnicode_FromString("a key may not contain the 0x1F separator"));
+            return NULL;
+        }
+        if (PyUnicode_AsUTF8AndSize(key_items[i], &n) == NULL)
+            goto fallback_clear;
+        keys_len += n + (i > 0);
+    }
+    if (props != NULL && props != Py_None && PyDict_GET_SIZE(props) > 0) {
+        PyObject *const one[1] = {props};
+        props_b = call_fallback(FB_PROPS_ENCODE, one, 1, NULL);
+        if (props_b == NULL)
+            return NULL;
+        if (!PyBytes_CheckExact(props_b)) {
+            Py_DECREF(props_b);
+            goto fallback;
+        }
+        props_len = PyBytes_GET_SIZE(props_b);
+    }
+    Py_ssize_t body_len = PyBytes_CheckExact(body) ? PyBytes_GET_SIZE(body) : PyByteArray_GET_SIZE(body);
+    const char *body_b = PyBytes_CheckExact(body) ? PyBytes_AS_STRING(body) : PyByteArray_AS_STRING(body);
+    uint64_t size = (uint64_t)HEADER_SIZE + topic_len + tag_len + keys_len + props_len + body_len;
+    if (size > 0xFFFFFFFFu || topic_len > 0xFFFF || tag_len > 0xFFFF)
+        goto fallback_props;
+    uint64_t th = 0;
+    if (tag_b != NULL && tag_hash_of(tag, &th) < 0)
+        goto error;
+    if (a[6] == NULL || a[6] == Py_None) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        int64_t ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+        born = ns >= 0 ? ns / 1000000 : -((-ns + 999999) / 1000000);  /* floor, as time.time_ns() // 10**6 */
+    }
+    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+    if (out == NULL)
+        goto error;
+    uint8_t *r = (uint8_t *)PyBytes_AS_STRING(out);
+    memset(r, 0, HEADER_SIZE);
+    st32(r, (uint32_t)size);
+    r[4] = MAGIC;
+    r[5] = VERSION;
+    st32(r + 28, (uint32_t)queue_id);
+    st32(r + 32, (uint32_t)reconsume);
+    st64(r + 36, (uint64_t)born);
+    st64(r + 52, th);
+    r[60] = (uint8_t)topic_len;
+    r[61] = (uint8_t)(topic_len >> 8);
+    r[62] = (uint8_t)tag_len;
+    r[63] = (uint8_t)(tag_len >> 8);
+    st32(r + 64, (uint32_t)keys_len);
+    st32(r + 68, (uint32_t)props_len);
+    st32(r + 72, (uint32_t)body_len);
+    uint8_t *p = r + HEADER_SIZE;
+    memcpy(p, topic_b, (size_t)topic_len);
+    p += topic_len;
+    if (tag_len)
+        memcpy(p, tag_b, (size_t)tag_len);
+    p += tag_len;
+    for (Py_ssize_t i = 0; i < nkeys; i++) {
+        Py_ssize_t n;
+        const char *k = PyUnicode_AsUTF8AndSize(key_items[i], &n); /* cached by the first call */
+        if (i > 0)
+            *p++ = 0x1F;
+        memcpy(p, k, (size_t)n);
+        p += n;
+    }
+    if (props_len)
+        memcpy(p, PyBytes_AS_STRING(props_b), (size_t)props_len);
+    p += props_len;
+    memcpy(p, body_b, (size_t)body_len);
+    Py_XDECREF(props_b);
+    return out;
+error:
+    Py_XDECREF(props_b);
+    return NULL;
+fallback_clear:
+    PyErr_Clear();
+    goto fallback;
+fallback_props:
+    Py_XDECREF(props_b);
+fallback:
+    return call_fallback(FB_ENCODE_RECORD, args, nargs, kwnames);
 }
 
 /* ------------------------------------------------------------------ binding */
@@ -988,6 +1155,8 @@ static PyMethodDef methods[] = {
      "record.crc_spans, in C."},
     {"decode_batch", (PyCFunction)(void (*)(void))n_decode_batch, METH_FASTCALL | METH_KEYWORDS,
      "client.message.decode_batch, in C."},
+    {"encode_record", (PyCFunction)(void (*)(void))n_encode_record, METH_FASTCALL | METH_KEYWORDS,
+     "record.encode_record, in C."},
     {"crc32c", n_crc32c, METH_O, "crc32c(data) -> int, with the fastest code this CPU runs."},
     {"crc32c_table", n_crc32c_table, METH_O, "crc32c(data) -> int with the slicing-by-8 tables (for tests)."},
     {"crc32c_sse42", n_crc32c_sse42, METH_O,
@@ -1020,7 +1189,8 @@ PyMODINIT_FUNC PyInit__native(void)
     str_retry_topic = PyUnicode_InternFromString("RETRY_TOPIC");
     str_key_sep = PyUnicode_FromString("\x1f");
     empty_tuple = PyTuple_New(0);
-    if (!str_retry_topic || !str_key_sep || !empty_tuple)
+    tag_hashes = PyDict_New();
+    if (!str_retry_topic || !str_key_sep || !empty_tuple || !tag_hashes)
         return NULL;
     return PyModule_Create(&module);
 }

@@ -330,7 +330,7 @@ def header_fields(buf: bytes | bytearray | memoryview, start: int = 0) -> tuple:
 # they replace the module's names here, so `from equeue_core.record import scan` gets the fast one.
 # EQUEUE_PURE_PYTHON=1 keeps the Python ones. IMPLEMENTATION says which is in use.
 
-HOT_PATH = ("scan", "stamp_batch", "index_entries", "verify", "damage", "crc_spans")
+HOT_PATH = ("scan", "stamp_batch", "index_entries", "verify", "damage", "crc_spans", "encode_record")
 PYTHON_FUNCTIONS = {name: globals()[name] for name in HOT_PATH}
 
 
@@ -341,7 +341,8 @@ def _load_native():  # -> module | None
         from equeue_core import _native
     except ImportError:
         return None
-    _native._bind(**PYTHON_FUNCTIONS, u32_array=lambda raw: array(_U32_TYPECODE, raw))
+    _native._bind(**PYTHON_FUNCTIONS, u32_array=lambda raw: array(_U32_TYPECODE, raw), tag_hash=tag_hash,
+                  props_encode=_props_encoder.encode)
     return _native
 
 
@@ -355,3 +356,4 @@ if native is not None:
     verify = native.verify  # noqa: F811
     damage = native.damage  # noqa: F811
     crc_spans = native.crc_spans  # noqa: F811
+    encode_record = native.encode_record  # noqa: F811

@@ -435,3 +435,68 @@ def test_a_batch_large_enough_to_release_the_gil_is_stamped_and_checked_the_same
         both("verify", one, s)
         assert both("damage", one, s, size, p) == ("ok", None)
     both("crc_spans", one, [0], [len(one)])
+
+
+def test_equeue_version_says_which_record_hot_path_runs():
+    cmd = [sys.executable, "-m", "equeue_core.cli.main", "version"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert f"hot path  record={record.IMPLEMENTATION}" in out
+    forced = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True,
+                            env={**os.environ, "EQUEUE_PURE_PYTHON": "1"}).stdout
+    assert "hot path  record=python" in forced
+    if native_module() is not None and os.environ.get("EQUEUE_PURE_PYTHON", "") in ("", "0"):
+        assert "record=native (crc32c " in out
+
+
+# ---------------------------------------------------------------- encode_record
+
+@hyp
+@given(topic=topics, rec=records, data=st.data())
+def test_encode_record_lays_out_the_same_bytes_in_both(topic, rec, data):
+    args = dict(rec, born_ts=data.draw(st.none() | st.integers(-(2**63), 2**63 - 1), label="born"))
+    if data.draw(st.booleans(), label="bytearray body"):
+        args["body"] = bytearray(args["body"])
+    got = {}
+    for name in IMPLS:
+        before = record.now_ms()
+        out = outcome(Impl(name).encode_record, topic, **args)
+        after = record.now_ms()
+        assert out[0] == "ok"
+        fields = list(record.header_fields(out[1]))
+        if args["born_ts"] is None:  # the producer's clock: now, as Python's now_ms() reads it
+            assert before <= fields[9] <= after
+            fields[9] = 0
+        got[name] = (fields, out[1][record.HEADER_SIZE:])
+    assert len(set(map(repr, got.values()))) == 1
+
+
+@pytest.mark.parametrize("args, kwargs", [
+    (("t", b"b"), {"keys": ["a\x1fb"]}),
+    (("t", b"b"), {"keys": ["ok", "a\x1fb"]}),
+    (("t", b"b"), {"keys": "abc"}),
+    (("t", b"b"), {"keys": [1]}),
+    (("t", b"b"), {"keys": ["\ud800"]}),
+    (("t", "str body"), {}),
+    (("t", memoryview(b"mv")), {"born_ts": 1}),
+    (("t", None), {}),
+    (("t", b"b"), {"properties": {"k": 1}, "born_ts": 1}),
+    (("t", b"b"), {"properties": {}, "born_ts": 1}),
+    (("t", b"b"), {"tag": "", "born_ts": 1}),
+    (("t", b"b"), {"tag": 5}),
+    (("t", b"b"), {"tag": "\ud800"}),
+    (("\ud800", b"b"), {}),
+    ((b"t", b"b"), {}),
+    (("t" * 70000, b"b"), {}),
+    (("t", b"b"), {"tag": "x" * 70000}),
+    (("t", b"b"), {"queue_id": -1}),
+    (("t", b"b"), {"queue_id": 2**32}),
+    (("t", b"b"), {"reconsume": 2**32}),
+    (("t", b"b"), {"born_ts": 2**63}),
+    (("t", b"b"), {"born_ts": 1.5}),
+    (("t", b"b"), {"queue_id": True, "born_ts": 1}),
+    (("t", b"b", "tag", ("k1", "k2"), {"p": "v"}, 3, 4, 5), {}),
+])
+def test_encode_record_with_odd_arguments_behaves_as_the_python_one(args, kwargs):
+    if len(args) < 7:
+        kwargs = {"born_ts": 1, **kwargs}  # a fixed producer clock: the bytes compare exactly
+    both("encode_record", *args, **kwargs)
