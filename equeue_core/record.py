@@ -335,8 +335,7 @@ PYTHON_FUNCTIONS = {name: globals()[name] for name in HOT_PATH}
 
 
 def _load_native():  # -> module | None
-    if os.environ.get("EQUEUE_PURE_PYTHON", "") not in ("", "0"):
-        return None
+    """equeue_core._native with the Python versions bound as its fallbacks, or None if not built."""
     try:
         from equeue_core import _native
     except ImportError:
@@ -346,8 +345,9 @@ def _load_native():  # -> module | None
     return _native
 
 
-native = _load_native()
-NATIVE_FUNCTIONS = {name: getattr(native, name) for name in HOT_PATH} if native is not None else {}
+native_module = _load_native()  # built (tests compare it with the Python functions even when not selected)
+native = None if os.environ.get("EQUEUE_PURE_PYTHON", "") not in ("", "0") else native_module  # selected
+NATIVE_FUNCTIONS = {name: getattr(native_module, name) for name in HOT_PATH} if native_module is not None else {}
 IMPLEMENTATION = f"native (crc32c {native.crc32c_implementation()})" if native is not None else "python"
 if native is not None:
     scan = native.scan  # noqa: F811

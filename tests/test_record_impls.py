@@ -59,9 +59,8 @@ class Impl:
             if mod is None:
                 pytest.fail("a C compiler is present but equeue_core._native was not built: "
                             "`pip install -e .` must build it (setup.py)")
-            if record.native is None:
-                pytest.fail("equeue_core._native is built but record.py did not select it "
-                            f"(EQUEUE_PURE_PYTHON={os.environ.get('EQUEUE_PURE_PYTHON')!r})")
+            if record.native_module is not mod:
+                pytest.fail("equeue_core._native is built but record.py did not load it")
             funcs = dict(record.NATIVE_FUNCTIONS, decode_batch=mod.decode_batch)
         self.__dict__.update(funcs)
 

@@ -60,8 +60,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
         else:
             print(f"equeue broker listening on {address}", flush=True)
             print(f"  data dir  {os.path.abspath(cfg.data_dir)}", flush=True)
-            print(f"  plugins   store={cfg.store} transport={cfg.transport} flush={cfg.flush}", flush=True)
-            print(f"  hot path  {_hot_path()}", flush=True)
+            print(f"  plugins   store={cfg.store} transport={cfg.transport} flush={cfg.flush} {_hot_path()}",
+                  flush=True)
             if metrics:
                 print(f"  metrics   {metrics}", flush=True)
             print(f"  recovery  {'clean' if rec.clean else 'after crash'}"

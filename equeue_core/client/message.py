@@ -122,8 +122,9 @@ def decode_batch(buf: bytes | bytearray | memoryview, id_prefix: str) -> list[Re
 python_decode_batch = decode_batch
 # The C decode_batch (equeue_core/_native.c) when record.py selected the native hot path: same
 # ReceivedMessage objects, same errors; the Python one above stays its specification and fallback.
-if record.native is not None:
-    DECODE_BATCH_BUILDS = record.native._bind_received(
+if record.native_module is not None:
+    DECODE_BATCH_BUILDS = record.native_module._bind_received(
         ReceivedMessage, tuple(f.name for f in fields(ReceivedMessage)), record._props_decoder.decode)
-    record.native._bind(decode_batch=python_decode_batch)
+    record.native_module._bind(decode_batch=python_decode_batch)
+if record.native is not None:
     decode_batch = record.native.decode_batch  # noqa: F811
