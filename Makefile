@@ -11,7 +11,7 @@ DEBIAN_TEST_PACKAGES := strace faketime chromium:chromium chromium-driver:chrome
 # Peer brokers the benchmark starts itself (bench/peers/); installed by `make bench` only, not by `make test`.
 DEBIAN_BENCH_PACKAGES := redis-server nats-server rabbitmq-server
 
-$(VENV)/.base: pyproject.toml
+$(VENV)/.base: pyproject.toml setup.py equeue_core/_native.c  # pip install -e . also builds the C hot path
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e .
@@ -51,7 +51,7 @@ bench-peers: bench-deps  # only the peers benchmark (bench/peers/); BENCH_ARGS=-
 	$(PY) -m bench.peers $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) data build *.egg-info
+	rm -rf $(VENV) data build *.egg-info equeue_core/_native*.so
 
 .PHONY: cluster
 cluster: $(VENV)/.base  # 2 name servers + 3 brokers, data under data/dev-cluster; Ctrl-C stops all (docs/cluster.md)

@@ -33,8 +33,10 @@ torn or corrupt and is never served.
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 import time
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -216,6 +218,9 @@ def verify(buf: bytes | bytearray | memoryview, start: int = 0, limit: int | Non
     return size
 
 
+_python_verify = verify  # damage() asks the Python one why, whichever verify is selected below
+
+
 def damage(buf: bytes | bytearray | memoryview, start: int, size: int, position: int) -> str | None:
     """Why the record an index entry names (`size` bytes at `start` of buf, stamped with
     `position`) must not be served, or None if it is intact: record.verify's checks plus "it is the
@@ -230,12 +235,32 @@ def damage(buf: bytes | bytearray | memoryview, start: int, size: int, position:
                 and crc32c(memoryview(buf)[start + CRC_FROM:start + size]) == crc):
             return None
     try:
-        found = verify(buf, start, min(len(buf), start + size))
+        found = _python_verify(buf, start, min(len(buf), start + size))
     except CorruptRecordError as e:
         return str(e).rsplit(" at ", 1)[0]  # "crc mismatch at 0": the offset in buf says nothing here
     if found != size:
         return f"record is {found} bytes, its index entry says {size}"
     return f"record says position {_U64.unpack_from(buf, start + OFF_POSITION)[0]}, expected {position}"
+
+
+def crc_spans(data: bytes | bytearray | memoryview, starts: Sequence[int], ends: Sequence[int]) -> array:
+    """crc32c of data[starts[i]:ends[i]] for every i, as an array('I') of one u32 per span (usable
+    as is, or as numpy.frombuffer(result, numpy.uint32)). starts/ends: sequences of ints or int
+    arrays (numpy int64 included). A span outside data is a ValueError, never a silently short crc.
+    The batch form of crc32c for readers that check many records at once (Spark export, KV reads)."""
+    mv = memoryview(data).cast("B")
+    if len(starts) != len(ends):
+        raise ValueError(f"crc_spans: {len(starts)} starts but {len(ends)} ends")
+    out = array(_U32_TYPECODE)
+    crc = crc32c
+    for i, (a, b) in enumerate(zip(starts, ends, strict=True)):
+        if not 0 <= a <= b <= len(mv):
+            raise ValueError(f"crc_spans: span {i} [{a}, {b}) is outside the {len(mv)} bytes of data")
+        out.append(crc(mv[a:b]))
+    return out
+
+
+_U32_TYPECODE = "I" if array("I").itemsize == 4 else "L"
 
 
 def corrupt_record(topic: str, queue_id: int, offset: int, position: int, why: str) -> CorruptRecordError:
@@ -296,3 +321,39 @@ def iter_records(buf: bytes | bytearray | memoryview) -> Iterator[StoredMessage]
 def header_fields(buf: bytes | bytearray | memoryview, start: int = 0) -> tuple:
     """The fixed header of the record at start, unpacked (see HEADER for the order)."""
     return HEADER.unpack_from(buf, start)
+
+
+# ---------------------------------------------------------------- implementation selection
+#
+# The functions above are the specification. equeue_core._native (equeue_core/_native.c, built by
+# `pip install` where a C compiler is present) has the same ones, bit-identical with the same errors;
+# they replace the module's names here, so `from equeue_core.record import scan` gets the fast one.
+# EQUEUE_PURE_PYTHON=1 keeps the Python ones. IMPLEMENTATION says which is in use.
+
+HOT_PATH = ("scan", "stamp_batch", "index_entries", "verify", "damage", "crc_spans", "encode_record")
+PYTHON_FUNCTIONS = {name: globals()[name] for name in HOT_PATH}
+
+
+def _load_native():  # -> module | None
+    """equeue_core._native with the Python versions bound as its fallbacks, or None if not built."""
+    try:
+        from equeue_core import _native
+    except ImportError:
+        return None
+    _native._bind(**PYTHON_FUNCTIONS, u32_array=lambda raw: array(_U32_TYPECODE, raw), tag_hash=tag_hash,
+                  props_encode=_props_encoder.encode)
+    return _native
+
+
+native_module = _load_native()  # built (tests compare it with the Python functions even when not selected)
+native = None if os.environ.get("EQUEUE_PURE_PYTHON", "") not in ("", "0") else native_module  # selected
+NATIVE_FUNCTIONS = {name: getattr(native_module, name) for name in HOT_PATH} if native_module is not None else {}
+IMPLEMENTATION = f"native (crc32c {native.crc32c_implementation()})" if native is not None else "python"
+if native is not None:
+    scan = native.scan  # noqa: F811
+    stamp_batch = native.stamp_batch  # noqa: F811
+    index_entries = native.index_entries  # noqa: F811
+    verify = native.verify  # noqa: F811
+    damage = native.damage  # noqa: F811
+    crc_spans = native.crc_spans  # noqa: F811
+    encode_record = native.encode_record  # noqa: F811

@@ -56,11 +56,12 @@ def cmd_broker(args: argparse.Namespace) -> int:
         if cfg.log_format == "json":
             logs.announce("json", f"equeue broker listening on {address}", address=address,
                           data_dir=os.path.abspath(cfg.data_dir), store=cfg.store, transport=cfg.transport,
-                          flush=cfg.flush, metrics=metrics, recovery_clean=rec.clean)
+                          flush=cfg.flush, metrics=metrics, recovery_clean=rec.clean, hot_path=_hot_path())
         else:
             print(f"equeue broker listening on {address}", flush=True)
             print(f"  data dir  {os.path.abspath(cfg.data_dir)}", flush=True)
-            print(f"  plugins   store={cfg.store} transport={cfg.transport} flush={cfg.flush}", flush=True)
+            print(f"  plugins   store={cfg.store} transport={cfg.transport} flush={cfg.flush} {_hot_path()}",
+                  flush=True)
             if metrics:
                 print(f"  metrics   {metrics}", flush=True)
             print(f"  recovery  {'clean' if rec.clean else 'after crash'}"
@@ -100,6 +101,25 @@ def _log_recovery(broker: Any) -> None:
         text += "; " + "; ".join(rec.notes)
     logging.getLogger("equeue.broker").log(logging.INFO if rec.clean else logging.WARNING, text,
                                            extra={"recovery": fields})
+
+
+def _hot_path() -> str:
+    """Which record hot path this process runs: "native (crc32c sse4.2)" or "python" (record.py)."""
+    from equeue_core import record
+
+    return f"record={record.IMPLEMENTATION}"
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version("equeue")
+    except PackageNotFoundError:
+        v = "(not installed)"
+    print(f"equeue {v}")
+    print(f"  hot path  {_hot_path()}")
+    return 0
 
 
 def cmd_nameserver(args: argparse.Namespace) -> int:
@@ -564,6 +584,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plugins", help="installed plugins per hook")
     pl.set_defaults(fn=cmd_plugins)
+
+    ve = sub.add_parser("version", help="the installed version and which record hot path runs (native or python)")
+    ve.set_defaults(fn=cmd_version)
 
     sub.add_parser("spark", help="Spark jobs: export, report (see `equeue spark --help`)", add_help=False)
     for client_cmd in (pr, c, t, g, ms, st, co, cl):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from equeue_core import record
 from equeue_core.errors import InvalidMessageError
@@ -117,3 +117,14 @@ def decode_batch(buf: bytes | bytearray | memoryview, id_prefix: str) -> list[Re
                                bytes(mv[p:p + blen]), born, stored, reconsume, topic))
         pos += size
     return out
+
+
+python_decode_batch = decode_batch
+# The C decode_batch (equeue_core/_native.c) when record.py selected the native hot path: same
+# ReceivedMessage objects, same errors; the Python one above stays its specification and fallback.
+if record.native_module is not None:
+    DECODE_BATCH_BUILDS = record.native_module._bind_received(
+        ReceivedMessage, tuple(f.name for f in fields(ReceivedMessage)), record._props_decoder.decode)
+    record.native_module._bind(decode_batch=python_decode_batch)
+if record.native is not None:
+    decode_batch = record.native.decode_batch  # noqa: F811
