@@ -34,7 +34,7 @@ Head = tuple[int, int, int, int, int, int, int, int]  # wire.HEAD fields
 class FrameReader:
     """Incremental frame parser over a growable bytearray (see the module docstring)."""
 
-    __slots__ = ("_buf", "_start", "_end", "_need", "_discard", "max_frame",
+    __slots__ = ("_buf", "_start", "_end", "_need", "_head", "_discard", "max_frame",
                  "on_frame", "on_oversized", "on_bad_frame", "on_fatal")
 
     def __init__(self, max_frame: int,
@@ -51,6 +51,7 @@ class FrameReader:
         self._start = 0  # first unparsed byte
         self._end = 0  # one past the last received byte
         self._need = 0  # total size of the frame at _start once its head is parsed, else 0
+        self._head: Head = (0, 0, 0, 0, 0, 0, 0, 0)  # that head (checked), while _need is set
         self._discard = 0  # bytes of an oversized frame still to throw away
 
     @property
@@ -112,9 +113,12 @@ class FrameReader:
                     self._reset()
                     self.on_fatal(ProtocolError(f"bad frame magic/version {head[1]:#x}/{head[2]}"))
                     return
+                length = head[0]
                 try:
-                    self._need = wire.frame_length(memoryview(buf)[self._start:self._start + 4],
-                                                   self.max_frame) + wire.LENGTH_SIZE
+                    if length + wire.LENGTH_SIZE > self.max_frame or length < wire.HEAD_SIZE - wire.LENGTH_SIZE:
+                        wire.frame_length(memoryview(buf)[self._start:self._start + 4], self.max_frame)
+                    self._need = length + wire.LENGTH_SIZE
+                    self._head = head
                 except FrameTooLargeError as e:
                     skip = head[0] + wire.LENGTH_SIZE - avail
                     if skip > 0:
@@ -149,7 +153,7 @@ class FrameReader:
                     self._start = self._end = 0
             self._need = 0
             try:
-                decoded = decode(data)
+                decoded = decode(data, self._head)
             except ProtocolError as e:
                 self.on_bad_frame(wire.HEAD.unpack_from(data, 0), e)
                 continue
@@ -162,15 +166,16 @@ class FrameReader:
         self._buf = bytearray(0)
 
 
-def decode(data: bytes | bytearray | memoryview) -> wire.Frame:
-    """`frame.decode`, but every failure is a ProtocolError.
+def decode(data: bytes | bytearray | memoryview, head: Head | None = None) -> wire.Frame:
+    """`frame.decode`, but every failure is a ProtocolError. With `head` (the frame's head as
+    FrameReader unpacked and checked it) the head is not decoded again.
 
     The kernel's decode already maps hostile headers (deeply nested msgpack, keys that are not
     UTF-8, wrong types) to ProtocolError; this is a second net, so an exception a future msgpack
     version raises for some other header can never take a connection handler down.
     """
     try:
-        return wire.decode(data)
+        return wire.decode(data) if head is None else wire.decode_checked(head, data)
     except ProtocolError:
         raise
     except (RecursionError, UnicodeDecodeError, ValueError, TypeError, OverflowError) as e:
