@@ -26,6 +26,12 @@ What the transport must do: call `retry()` once its unsent bytes for the connect
 under half the budget after being over it (TCP: `resume_writing` with the write buffer's high
 water mark at half the budget; ZeroMQ: the connection's queued sends drained). Every other
 reason a request waits (handlers running, this iteration's reservations) ends by itself.
+
+A request answered within `start` (the transport's synchronous fast path: `start` returns True)
+is finished at once: its response is already among the unsent bytes, so it reserves nothing for
+the iteration. A transport that answers that way must also call `retry()` after it hands its
+buffered responses to the kernel while requests wait (TCP: after each write flush), since no
+handler is left running to do it.
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ REQUEST_COST = 1024  # charged per request on top of its body: header, frame and
 class RequestAdmission(Generic[T]):
     """One connection's admission control (see the module docstring).
 
-    `start(item)` runs a request (creates its handler task); `unsent()` returns the bytes the
+    `start(item)` runs a request (creates its handler task) and returns True if it answered it
+    already (then the transport never calls `finished` for it); `unsent()` returns the bytes the
     transport holds for this connection that the peer has not taken yet; `unblocked()` is called
     when the backlog has emptied (the transport reads the connection again). The transport calls
     `offer` for each request read, `finished` when a handler is done, `responded` with each
@@ -55,7 +62,7 @@ class RequestAdmission(Generic[T]):
                  "running",
                  "charged", "_guess", "_turn", "_turn_reset", "_retry_soon")
 
-    def __init__(self, budget: int, max_in_flight: int, start: Callable[[T], None],
+    def __init__(self, budget: int, max_in_flight: int, start: Callable[[T], bool | None],
                  unsent: Callable[[], int], unblocked: Callable[[], None]) -> None:
         self.budget = max(1, budget)
         self.max_in_flight = max(1, max_in_flight)
@@ -86,7 +93,7 @@ class RequestAdmission(Generic[T]):
         if self.backlog or not self._may_start(size):
             self.backlog.append((item, size))
             return
-        self._begin(item)
+        self._begin(item, size)
 
     def finished(self, size: int) -> None:
         """A started request is answered (or dropped): its bytes leave the charge."""
@@ -110,7 +117,7 @@ class RequestAdmission(Generic[T]):
             if not self._may_start(size):
                 return
             backlog.popleft()
-            self._begin(item)
+            self._begin(item, size)
         self._unblocked()
 
     def clear(self) -> None:
@@ -139,13 +146,16 @@ class RequestAdmission(Generic[T]):
         self._turn = 0
         self.retry()
 
-    def _begin(self, item: T) -> None:
+    def _begin(self, item: T, size: int) -> None:
         self.running += 1
+        if self._start(item):  # answered already: finished, and nothing to reserve
+            self.running -= 1
+            self.charged -= size
+            return
         self._turn += 1
         if not self._turn_reset:
             self._turn_reset = True
             self._loop.call_soon(self._reset_turn)
-        self._start(item)
 
     def _reset_turn(self) -> None:
         self._turn_reset = False

@@ -342,6 +342,24 @@ class ServerHandler(Protocol):
     def connection_lost(self, conn: ServerConnection) -> None: ...
 
 
+class ImmediateServerHandler(ServerHandler, Protocol):
+    """Optional: a handler that can answer some requests without a task. A server transport that
+    finds `now_codes` and `handle_now` on its handler calls `handle_now(conn, frame)` for a frame
+    whose code is in `now_codes`, at arrival, when no earlier request of that connection is still
+    waiting for its task to start (so per-connection arrival order of the synchronous parts
+    holds); every other frame goes to `handle` in a task as before. A transport may ignore this
+    and always call `handle`: the answers are the same.
+
+    `handle_now` has done the request's synchronous part when it returns: a Frame (the answer)
+    or None (no answer: one-way) means it is finished; anything else is an awaitable of the
+    answer (Frame | None) that the transport awaits in a task. It answers errors itself (error
+    frames), like `handle`."""
+
+    now_codes: frozenset[int]
+
+    def handle_now(self, conn: ServerConnection, frame: Frame) -> Frame | None | Awaitable[Frame | None]: ...
+
+
 class Server(Protocol):
     address: tuple[str, int]  # as bound (port 0 resolved)
 

@@ -122,11 +122,21 @@ def decode(buf: bytes | bytearray | memoryview) -> Frame:
         raise ProtocolError(f"a frame is bytes, not {type(buf).__name__}") from None
     if len(mv) < HEAD_SIZE:
         raise ProtocolError(f"frame of {len(mv)} bytes is shorter than the {HEAD_SIZE}-byte head")
-    length, magic, version, code, flags, _r, request_id, header_len = HEAD.unpack_from(mv, 0)
+    head = HEAD.unpack_from(mv, 0)
+    length, magic, version = head[0], head[1], head[2]
     if magic != MAGIC or version != VERSION:
         raise ProtocolError(f"bad frame magic/version {magic:#x}/{version}")
     if length + LENGTH_SIZE != len(mv):
         raise ProtocolError(f"frame length field {length} does not match {len(mv) - LENGTH_SIZE} bytes")
+    return decode_checked(head, mv)
+
+
+def decode_checked(head: tuple, buf: bytes | bytearray | memoryview) -> Frame:
+    """`decode` for a frame whose head the caller has unpacked (HEAD.unpack_from) and checked:
+    magic, version, and a length that matches `buf` (a transport's frame reader does all three
+    to cut the stream), so it is not decoded twice. Raises ProtocolError like `decode`."""
+    mv = memoryview(buf)
+    header_len = head[7]
     if HEAD_SIZE + header_len > len(mv):
         raise ProtocolError(f"header length {header_len} runs past the frame")
     header: dict[str, Any] = {}
@@ -136,5 +146,4 @@ def decode(buf: bytes | bytearray | memoryview) -> Frame:
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as e:
             # Hostile headers: too deeply nested, keys that are not UTF-8, wrong types.
             raise ProtocolError(f"frame header does not decode: {type(e).__name__}: {e}") from None
-    body = mv[HEAD_SIZE + header_len:]
-    return Frame(code, request_id, flags, header, body)
+    return Frame(head[3], head[6], head[4], header, mv[HEAD_SIZE + header_len:])

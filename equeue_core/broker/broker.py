@@ -53,6 +53,7 @@ log = logging.getLogger("equeue.broker")
 PULL_HEADER_ROOM = 4096  # bytes of a pull answer's frame kept for its header (status, offsets)
 
 Handler = Callable[[ServerConnection, Frame], Awaitable[Frame | None]]
+NowHandler = Callable[[ServerConnection, Frame], "Frame | None | Awaitable[Frame | None]"]
 # Requests a replica refuses with not_master (Broker.append refuses the scheduler's writes too).
 WRITE_CODES = frozenset({Code.SEND, Code.SEND_BACK, Code.CREATE_TOPIC, Code.DELETE_TOPIC})
 
@@ -79,6 +80,8 @@ class Broker:
         self._server = None
         self._tasks: list[asyncio.Task] = []
         self._handlers: dict[int, Handler] = {}
+        self._now_handlers: dict[int, NowHandler] = {}
+        self.now_codes: frozenset[int] = frozenset()  # the codes handle_now answers
         self.address: tuple[str, int] = (config.host, config.port)
         self.id_prefix = ""
         self.started = asyncio.Event()
@@ -202,27 +205,61 @@ class Broker:
     async def handle(self, conn: ServerConnection, frame: Frame) -> Frame | None:
         handler = self._handlers.get(frame.code)
         try:
-            if handler is None:
-                raise UnknownRequestError(f"unknown request code {frame.code}")
-            if not isinstance(frame.header, dict):
-                raise ProtocolError("frame header must be a map")
-            if self.access is not None:
-                self.access.check(conn, frame)
-            if frame.code in WRITE_CODES:
-                self.replication.check_writable()  # a replica refuses writes: not_master
-            return await handler(conn, frame)
-        except EQueueError as e:
+            self._admit(conn, frame, handler)
+            return await handler(conn, frame)  # type: ignore[misc]
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            return self._failed(frame, e)
+
+    def handle_now(self, conn: ServerConnection, frame: Frame) -> Frame | None | Awaitable[Frame | None]:
+        """The transport's fast path (contracts.ImmediateServerHandler), for the codes in
+        `now_codes` only: does the request's synchronous part now and answers it in the same
+        call when it needs no wait (a send with flush=async and no sync replication, a pull whose
+        first read finds records, commits, routes); otherwise returns an awaitable of the answer
+        (the transport runs it as a task: flush=sync, sync replication, a held pull). Errors are
+        answered exactly as `handle` answers them."""
+        try:
+            self._admit(conn, frame, self._handlers.get(frame.code))
+            answer = self._now_handlers[frame.code](conn, frame)
+        except Exception as e:
+            return self._failed(frame, e)
+        if answer is None or type(answer) is Frame:
+            return answer
+        return self._finish(frame, answer)
+
+    async def _finish(self, frame: Frame, rest: Awaitable[Frame | None]) -> Frame | None:
+        try:
+            return await rest
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            return self._failed(frame, e)
+
+    def _admit(self, conn: ServerConnection, frame: Frame, handler: Handler | None) -> None:
+        """What every request passes before its handler: a known code, a map header, the
+        access check, and on a replica no writes."""
+        if handler is None:
+            raise UnknownRequestError(f"unknown request code {frame.code}")
+        if not isinstance(frame.header, dict):
+            raise ProtocolError("frame header must be a map")
+        if self.access is not None:
+            self.access.check(conn, frame)
+        if frame.code in WRITE_CODES:
+            self.replication.check_writable()  # a replica refuses writes: not_master
+
+    def _failed(self, frame: Frame, e: Exception) -> Frame | None:
+        """The error answer to a request whose handler raised (None for a one-way request)."""
+        if isinstance(e, EQueueError):
             if frame.is_oneway:
                 return None
             return frame.error_response(e.code, str(e), **{k: v for k, v in e.details.items()
                                                           if isinstance(v, (int, str, float))})
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # a bug answers one request, it never takes the broker down
-            log.exception("request %s failed", frame.code)
-            if frame.is_oneway:
-                return None
-            return frame.error_response("internal", f"{type(e).__name__}: {e}")
+        # a bug answers one request, it never takes the broker down
+        log.error("request %s failed", frame.code, exc_info=e)
+        if frame.is_oneway:
+            return None
+        return frame.error_response("internal", f"{type(e).__name__}: {e}")
 
     def connection_lost(self, conn: ServerConnection) -> None:
         self.groups.connection_lost(conn)
@@ -250,6 +287,15 @@ class Broker:
         self._handlers.update(self.scheduler.handlers())
         self._handlers.update(self.metrics.handlers())
         self._handlers.update(self.replication.handlers())
+        # the synchronous variants handle_now runs (same answers, no task when nothing waits)
+        self._now_handlers = {
+            Code.SEND: self.send_now,
+            Code.PULL: self.pull_now,
+            Code.COMMIT_OFFSETS: self.commit_offsets_now,
+            Code.ROUTE: self.route_now,
+            Code.QUERY_OFFSET: self.query_offset_now,
+        }
+        self.now_codes = frozenset(self._now_handlers)
 
     # ------------------------------------------------------------------ storing
 
@@ -269,6 +315,15 @@ class Broker:
             await asyncio.wrap_future(self.store.wait_flushed(result.end_position))
 
     async def on_send(self, conn: ServerConnection, frame: Frame) -> Frame | None:
+        answer = self.send_now(conn, frame)
+        if answer is None or type(answer) is Frame:
+            return answer
+        return await answer
+
+    def send_now(self, conn: ServerConnection, frame: Frame) -> Frame | None | Awaitable[Frame | None]:
+        """Validate and store a send now (arrival order is store order); its answer now when
+        nothing is to wait for, else an awaitable of it: flush=sync waits for the fsync, sync
+        replication for the replicas, before anything is acknowledged."""
         arrived = time.perf_counter()
         h = frame.header
         topic = _str(h, "topic")
@@ -294,9 +349,20 @@ class Broker:
             result = self.append(topic, queue_id, batch, starts)
         if self.replication.sync_required():
             # one wait per request for both: the local flush and the replicas' acknowledgements
+            return self._send_acknowledged(frame, queue_id, result, arrived, replicated=True)
+        if self.config.flush == "sync":
+            return self._send_acknowledged(frame, queue_id, result, arrived, replicated=False)
+        return self._send_answer(frame, queue_id, result, arrived)
+
+    async def _send_acknowledged(self, frame: Frame, queue_id: int, result, arrived: float,
+                                 replicated: bool) -> Frame | None:
+        if replicated:
             await asyncio.gather(self.durable(result), self.replication.replicated(result.end_position))
         else:
             await self.durable(result)
+        return self._send_answer(frame, queue_id, result, arrived)
+
+    def _send_answer(self, frame: Frame, queue_id: int, result, arrived: float) -> Frame | None:
         self.metrics.send_latency.observe(time.perf_counter() - arrived)
         if frame.is_oneway:
             return None
@@ -306,6 +372,9 @@ class Broker:
     # ------------------------------------------------------------------ reading
 
     async def on_route(self, conn: ServerConnection, frame: Frame) -> Frame:
+        return self.route_now(conn, frame)
+
+    def route_now(self, conn: ServerConnection, frame: Frame) -> Frame:
         topic = _str(frame.header, "topic")
         create = bool(frame.header.get("create", False))
         if create:
@@ -324,8 +393,16 @@ class Broker:
         return max(1, min(cfg.pull_max_bytes, cfg.max_frame_size - PULL_HEADER_ROOM))
 
     async def on_pull(self, conn: ServerConnection, frame: Frame) -> Frame:
+        answer = self.pull_now(conn, frame)
+        if type(answer) is Frame:
+            return answer
+        return await answer  # type: ignore[misc]
+
+    def pull_now(self, conn: ServerConnection, frame: Frame) -> Frame | Awaitable[Frame]:
+        """The pull's first read now: its answer when it finds records (or an error, or the
+        consumer asked not to be held), else an awaitable that holds the pull until records
+        arrive or hold_ms passes."""
         arrived = time.perf_counter()
-        parked = 0.0
         h = frame.header
         topic = _str(h, "topic")
         queue_id = _int(h, "queue_id")
@@ -336,29 +413,51 @@ class Broker:
         tag_hashes = frozenset(tags) if isinstance(tags, list) and tags else None
         self.topics.check_queue(topic, queue_id)
         deadline = time.monotonic() + hold_ms / 1000
+        res = self._pull_read(frame, topic, queue_id, offset, max_count, tag_hashes)
+        if type(res) is Frame:
+            return res
+        if res.count or res.next_offset != offset or deadline - time.monotonic() <= 0:
+            return self._pull_answer(frame, topic, res, arrived, 0.0)
+        return self._pull_held(frame, topic, queue_id, offset, max_count, tag_hashes, arrived, deadline)
+
+    async def _pull_held(self, frame: Frame, topic: str, queue_id: int, offset: int, max_count: int,
+                         tag_hashes: frozenset | None, arrived: float, deadline: float) -> Frame:
+        """Wait for records on the queue (the first read found none), read again, until deadline."""
+        parked = 0.0
         while True:
-            try:
-                res = self.store.read_queue(topic, queue_id, offset, max_count, self._pull_max_bytes(),
-                                            tag_hashes)
-            except CorruptRecordError as e:
-                log.error("pull %s/%d of group %s refused: %s (skip it with `equeue groups skip`)",
-                          topic, queue_id, h.get("group"), e)
-                raise
-            except OffsetOutOfRangeError as e:
-                if h.get("strict"):
-                    raise
-                lo, hi = e.min_offset, e.max_offset
-                nxt = lo if offset < lo else hi
-                return frame.response({"status": PullStatus.OFFSET_RESET, "next_offset": nxt,
-                                       "min_offset": lo, "max_offset": hi, "count": 0})
-            if res.count or res.next_offset != offset:
-                break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             parked_at = time.perf_counter()
             await self.hold.wait(topic, queue_id, remaining)
             parked += time.perf_counter() - parked_at
+            res = self._pull_read(frame, topic, queue_id, offset, max_count, tag_hashes)
+            if type(res) is Frame:
+                return res
+            if res.count or res.next_offset != offset:
+                break
+        return self._pull_answer(frame, topic, res, arrived, parked)
+
+    def _pull_read(self, frame: Frame, topic: str, queue_id: int, offset: int, max_count: int,
+                   tag_hashes: frozenset | None):
+        """One read of a pull: the store's ReadResult, or the OFFSET_RESET answer to an offset
+        outside the queue (OffsetOutOfRangeError itself if the consumer asked for `strict`)."""
+        try:
+            return self.store.read_queue(topic, queue_id, offset, max_count, self._pull_max_bytes(),
+                                         tag_hashes)
+        except CorruptRecordError as e:
+            log.error("pull %s/%d of group %s refused: %s (skip it with `equeue groups skip`)",
+                      topic, queue_id, frame.header.get("group"), e)
+            raise
+        except OffsetOutOfRangeError as e:
+            if frame.header.get("strict"):
+                raise
+            lo, hi = e.min_offset, e.max_offset
+            nxt = lo if offset < lo else hi
+            return frame.response({"status": PullStatus.OFFSET_RESET, "next_offset": nxt,
+                                   "min_offset": lo, "max_offset": hi, "count": 0})
+
+    def _pull_answer(self, frame: Frame, topic: str, res, arrived: float, parked: float) -> Frame:
         self.stats["pulled"] += res.count
         self.metrics.pulled(topic, res.count, len(res.records), time.perf_counter() - arrived - parked)
         status = PullStatus.FOUND if res.count else PullStatus.NO_NEW
@@ -367,6 +466,9 @@ class Broker:
                                "count": res.count}, res.records)
 
     async def on_commit_offsets(self, conn: ServerConnection, frame: Frame) -> Frame | None:
+        return self.commit_offsets_now(conn, frame)
+
+    def commit_offsets_now(self, conn: ServerConnection, frame: Frame) -> Frame | None:
         group = _str(frame.header, "group")
         # all or nothing: one bad entry refuses the request before any of it is committed
         for topic, queue_id, offset in checked_entries(group, frame.header.get("offsets")):
@@ -374,6 +476,9 @@ class Broker:
         return None if frame.is_oneway else frame.response({})
 
     async def on_query_offset(self, conn: ServerConnection, frame: Frame) -> Frame:
+        return self.query_offset_now(conn, frame)
+
+    def query_offset_now(self, conn: ServerConnection, frame: Frame) -> Frame:
         h = frame.header
         group, topic, queue_id = _str(h, "group"), _str(h, "topic"), _int(h, "queue_id")
         self.topics.check_queue(topic, queue_id)

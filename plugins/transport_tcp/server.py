@@ -4,6 +4,12 @@ Guarantees the broker relies on:
 - Each request becomes its own task, created in arrival order, so the synchronous prefix of
   `handler.handle` runs in arrival order per connection (per-queue send order depends on it).
   Many requests are in flight per connection; responses go out as handlers finish.
+- Fast path (contracts.ImmediateServerHandler): a request whose code is in the handler's
+  `now_codes` goes to `handler.handle_now` at arrival instead, when no earlier request of the
+  connection still waits for its task to start, so arrival order of the synchronous parts holds
+  across both paths. If it answers at once, the answer is written in the same callback (the
+  answers to the frames of one read leave in one write at its end) and no task is made; if it
+  returns an awaitable, a task awaits it. Admission and the bounds below count it the same way.
 - A handler that raises gets an error response (its EQueueError code, else "error"), never a hang.
 - Bad input only ever affects the connection it came on: an oversized or undecodable frame whose
   head parsed gets an error frame; an unparseable stream is closed; a connection that stops in the
@@ -24,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 
 from equeue_plugins.transport_tcp.framing import FrameReader, Head, WriteCoalescer, error_for_head
 
@@ -85,6 +91,8 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         self._closed = False
         self._refused = False
         self._tasks: set[asyncio.Task] = set()
+        self._unstarted = 0  # handle() tasks created and not yet started (fast path waits behind them)
+        self._now_codes: frozenset[int] = server.now_codes
         self._reading_paused = False
         self._loop = asyncio.get_running_loop()
         self._last_data = 0.0
@@ -127,7 +135,7 @@ class TcpServerConnection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        self._writer = WriteCoalescer(transport, self._loop)
+        self._writer = WriteCoalescer(transport, self._loop, self._flushed)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             tune_socket(sock, self._server.settings.socket_buffer)
@@ -163,7 +171,13 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         self.last_activity = self._loop.time()
         if self._refused:
             return
-        self.reader.feed(nbytes)
+        writer = self._writer
+        assert writer is not None
+        writer.hold()  # answers given while parsing this read leave together at its end
+        try:
+            self.reader.feed(nbytes)
+        finally:
+            writer.release()
         if self.reader.partial:
             self._last_data = self.last_activity
             if self._timer is None:
@@ -195,6 +209,12 @@ class TcpServerConnection(asyncio.BufferedProtocol):
     def pause_writing(self) -> None:
         pass  # the admission reads the write buffer's size itself
 
+    def _flushed(self) -> None:
+        # Responses went to the kernel: requests that wait for the budget may start now (a fast
+        # path answer leaves no handler running whose end would retry them).
+        if self._admission.blocked and not self._closed and not self._transport.is_closing():  # type: ignore[union-attr]
+            self._admission.retry()
+
     def resume_writing(self) -> None:
         # The peer caught up with its responses: start what waits (then read again).
         if not self._closed:
@@ -216,21 +236,54 @@ class TcpServerConnection(asyncio.BufferedProtocol):
             return
         self._admission.offer(frame, wire.HEAD_SIZE + len(frame.body))
 
-    def _start(self, frame: wire.Frame) -> None:
+    def _start(self, frame: wire.Frame) -> bool:
+        """Run a request the admission let in; True if it is answered already (fast path)."""
+        if frame.code in self._now_codes and not self._unstarted:
+            return self._answer_now(frame)
+        self._unstarted += 1
         task = self._loop.create_task(self._serve(frame))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return False
+
+    def _answer_now(self, request: wire.Frame) -> bool:
+        try:
+            response = self._handler.handle_now(self, request)  # type: ignore[attr-defined]
+        except EQueueError as e:
+            response = request.error_response(e.code, str(e), **_plain(e.details))
+        except Exception as e:
+            log.exception("handler failed on request code %s", request.code)
+            response = request.error_response("error", f"{type(e).__name__}: {e}")
+        else:
+            if response is not None and type(response) is not wire.Frame:  # the rest must wait
+                task = self._loop.create_task(self._serve_rest(request, response))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                return False
+        self._respond(request, response)
+        return True
 
     async def _serve(self, request: wire.Frame) -> None:
+        self._unstarted -= 1
         try:
-            await self._answer(request)
+            await self._answer(request, None)
         finally:
             self._admission.finished(wire.HEAD_SIZE + len(request.body))
             self.last_activity = self._loop.time()  # idle time counts from the last answer too
 
-    async def _answer(self, request: wire.Frame) -> None:
+    async def _serve_rest(self, request: wire.Frame, rest: Awaitable[wire.Frame | None]) -> None:
         try:
-            response = await self._handler.handle(self, request)
+            await self._answer(request, rest)
+        finally:
+            self._admission.finished(wire.HEAD_SIZE + len(request.body))
+            self.last_activity = self._loop.time()
+
+    async def _answer(self, request: wire.Frame, rest: Awaitable[wire.Frame | None] | None) -> None:
+        try:
+            if rest is None:
+                response = await self._handler.handle(self, request)
+            else:
+                response = await rest
         except asyncio.CancelledError:
             raise
         except EQueueError as e:
@@ -238,6 +291,9 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         except Exception as e:
             log.exception("handler failed on request code %s", request.code)
             response = request.error_response("error", f"{type(e).__name__}: {e}")
+        self._respond(request, response)
+
+    def _respond(self, request: wire.Frame, response: wire.Frame | None) -> None:
         if response is None or request.is_oneway or self._closed:
             return
         response.request_id = request.request_id
@@ -301,6 +357,9 @@ class TcpServer:
         self.address: tuple[str, int] = ("", 0)
         self._connections: dict[int, TcpServerConnection] = {}
         self._next_id = 0
+        # the fast path (contracts.ImmediateServerHandler) when the handler offers it
+        self.now_codes: frozenset[int] = (frozenset(getattr(handler, "now_codes", ()))
+                                          if callable(getattr(handler, "handle_now", None)) else frozenset())
         self._server: asyncio.base_events.Server | None = None
         self._idle_task: asyncio.Task | None = None
         self._tls_accept: asyncio.Task | None = None  # with tls_cert: our own accept loop (tls.py)
