@@ -35,7 +35,12 @@ def _run_chunk_with(handler):
 
 async def _pool(handler, threads: int = 4, parallel: int = 1, keep_going=lambda: True):
     done: list[BatchRun] = []
-    pool = HandlerPool(threads, parallel, _run_chunk_with(handler), done.append, keep_going,
+
+    def on_done(run: BatchRun) -> None:  # as the consumer does: the window moves, waiters wake
+        done.append(run)
+        run.pq.done_many([m for m, ok in zip(run.msgs, run.results) if ok])
+
+    pool = HandlerPool(threads, parallel, _run_chunk_with(handler), on_done, keep_going,
                        asyncio.get_running_loop(), "test-pool")
     return pool, done
 
@@ -96,6 +101,7 @@ def test_a_batch_past_consume_timeout_counts_as_failed_and_its_queue_goes_on_on_
         assert pool.expire(0.2) == 1
         expired = list(done)
         for _ in range(200):
+            pool.collect()
             if len(done) == 2:
                 break
             await asyncio.sleep(0.05)
@@ -110,6 +116,41 @@ def test_a_batch_past_consume_timeout_counts_as_failed_and_its_queue_goes_on_on_
     assert len(done) == 2 and done[1].results == [True, True]  # reported once; the queue went on
     assert [c[0] for c in calls] == [0, 3, 4]  # the expired batch handed out nothing more
     assert calls[0][1] != calls[1][1]  # on another thread while the first was stuck
+
+
+def test_a_finished_batch_wakes_the_loop_only_for_a_queue_someone_waits_on():
+    """A batch handled without failure is collected at the loop's next look (no wake-up of its
+    own), except while the queue's pull loop waits for room: then its finishing ends the wait."""
+    async def main():
+        gate = threading.Event()
+
+        def handler(m):
+            gate.wait(20)
+
+        pool, done = await _pool(handler)
+        pq = ProcessQueue("t", 0, 0)
+        pq.add(_msgs("t", 0, 2))
+        gate.set()
+        pool.submit(pq, _msgs("t", 0, 1))
+        for _ in range(100):  # the batch finishes; nobody watches pq, so nobody is woken
+            await asyncio.sleep(0.02)
+            if not pool.busy:
+                break
+        await asyncio.sleep(0.1)
+        quiet = len(done)
+        pool.collect()
+        collected = len(done)
+        gate.clear()
+        pool.submit(pq, _msgs("t", 1, 1))
+        waiter = asyncio.ensure_future(pq.wait_change(60, pool.collect))
+        await asyncio.sleep(0.05)
+        gate.set()  # its finishing must end the wait, not the 60 s safety net
+        await asyncio.wait_for(waiter, 20)
+        pool.shutdown(wait=True)
+        return quiet, collected, len(done)
+
+    quiet, collected, after_wait = asyncio.run(main())
+    assert (quiet, collected, after_wait) == (0, 1, 2)
 
 
 def test_no_batch_is_started_once_handing_out_stopped():

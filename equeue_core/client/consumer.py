@@ -170,7 +170,8 @@ class AsyncConsumer:
             if not self.orderly:
                 self._batches = HandlerPool(self.threads, self.parallel_per_queue, self._run_chunk,
                                             self._batch_done, self._keep_handing_out,
-                                            asyncio.get_running_loop(), f"equeue-{self.group}-batch")
+                                            asyncio.get_running_loop(), f"equeue-{self.group}-batch",
+                                            self._count_handled)
         self._conn = await BrokerConnection(self.broker, on_push=self._on_push, **self._credentials).connect()
         info = (await self._conn.request(Code.BROKER_INFO)).header
         self._id_prefix = _id_prefix(info["address"])
@@ -391,8 +392,9 @@ class AsyncConsumer:
             header["tags"] = hashes
         backoff = 0.0
         while self._running and not pq.dropped:
+            self._collect()
             if pq.is_full(*self.flow) or (self.orderly and not pq.holds_lock()):
-                await pq.wait_change(0.5)
+                await pq.wait_change(0.5, self._collect)
                 continue
             epoch = pq.lock_epoch
             self.stats["pulls"] += 1
@@ -481,7 +483,7 @@ class AsyncConsumer:
         log.error("%s/%d: %s. Retrying cannot help: this queue stops once its %d messages in flight "
                   "are done", pq.topic, pq.queue_id, error, len(pq.in_flight))
         while self._running and not pq.dropped and pq.in_flight:
-            await pq.wait_change(1.0)
+            await pq.wait_change(1.0, self._collect)
         if not self._running or pq.dropped:
             return
         if not await self._skipped(pq, at):
@@ -499,7 +501,7 @@ class AsyncConsumer:
         while self._running and not pq.dropped:
             if await self._skipped(pq, at):
                 return
-            await pq.wait_change(delay)
+            await pq.wait_change(delay, self._collect)
             delay = min(self.corrupt_recheck_max, delay * 2)
 
     async def _skipped(self, pq: ProcessQueue, at: int) -> bool:
@@ -623,18 +625,25 @@ class AsyncConsumer:
         pq, msgs, oks = run.pq, run.msgs, run.results
         if oks.count(True) == len(msgs):
             pq.done_many(msgs)
-            self.stats["handled"] += len(msgs)
             return
         # None: not handed out (stopping): neither done nor failed, it stays in flight
         handled = [m for m, ok in zip(msgs, oks, strict=True) if ok is True]
         failed = [m for m, ok in zip(msgs, oks, strict=True) if ok is False]
         pq.done_many(handled)
-        self.stats["handled"] += len(handled)
         self.stats["failed"] += len(failed)
-        if failed and not pq.dropped and self._running:
+        if failed and not pq.dropped:
             task = asyncio.ensure_future(self._send_back_or_retry(pq, failed))
             self._work.add(task)
             task.add_done_callback(self._work.discard)
+
+    def _count_handled(self, n: int) -> None:
+        """HandlerPool: n messages were handled (called under the pool's lock, any thread)."""
+        self.stats["handled"] += n
+
+    def _collect(self) -> None:
+        """Take in the batches the HandlerPool finished since the last look (loop thread)."""
+        if self._batches is not None:
+            self._batches.collect()
 
     def _expiry_check_interval(self) -> float:
         """How often to look for batches past consume_timeout (a fifth of it, 50 ms to 5 s)."""
@@ -773,6 +782,7 @@ class AsyncConsumer:
         await self._commit_queues(list(self.queues.values()))
 
     async def _commit_queues(self, queues: list[ProcessQueue]) -> None:
+        self._collect()
         if self.orderly:  # only the lock holder speaks for an orderly queue's offset
             queues = [pq for pq in queues if pq.locked and not pq.needs_offset]
         # a queue stopped at a corrupt record commits from its own loop (_park), so it never

@@ -13,7 +13,13 @@ Guarantees:
 - A queue's batches run in the order they were submitted, at most `parallel_per_queue` at once
   (1: a queue's messages reach the handler in offset order).
 - The loop thread never runs user code; it learns of finished batches through `on_done`, called on
-  the loop (one loop wake-up for however many batches finished meanwhile), in finishing order.
+  the loop in finishing order by `collect()`. A worker wakes the loop for that only when it must:
+  a batch had a failure (to send back), the queue's pull loop waits for room (`pq.watched`,
+  flow control), or the consumer is closing (`wait_idle`); one wake-up covers however many
+  batches finished meanwhile. Otherwise the loop collects at its next turn anyway (the consumer
+  does before each pull and each commit), so a paced stream costs no extra loop wake-up per batch.
+- `count_handled(n)` is called (lock held, on the thread that knows) as soon as a batch's n
+  messages are handled, so the consumer's stats do not wait for the collection.
 - A batch still running `timeout` seconds after it started is finished at once by `expire()`: its
   unrun and unfinished messages count as failed (`on_done` gets it then, and never again), it
   hands out nothing more, and its queue goes on on another thread.
@@ -54,11 +60,13 @@ class HandlerPool:
 
     def __init__(self, threads: int, parallel_per_queue: int, run_chunk: RunChunk,
                  on_done: Callable[[BatchRun], None], keep_going: Callable[[], bool],
-                 loop: asyncio.AbstractEventLoop, name: str) -> None:
+                 loop: asyncio.AbstractEventLoop, name: str,
+                 count_handled: Callable[[int], None] = lambda n: None) -> None:
         self._max_threads = max(1, threads)
         self._parallel = max(1, parallel_per_queue)
         self._run_chunk = run_chunk
         self._on_done = on_done
+        self._count_handled = count_handled
         self._keep_going = keep_going
         self._loop = loop
         self._name = name
@@ -70,8 +78,8 @@ class HandlerPool:
         self._slots = 0  # queues a worker is on or that wait for one (sum of pq.running)
         self._finished: deque[BatchRun] = deque()
         self._wake_pending = False
+        self._eager = False  # closing: wake the loop for every finished batch and when idle
         self._idle_event = asyncio.Event()
-        self._idle_event.set()
         self._closed = False
 
     # ------------------------------------------------------------ loop thread
@@ -88,7 +96,6 @@ class HandlerPool:
         else a new thread starts (up to the limit)."""
         pq.running += 1
         self._slots += 1
-        self._idle_event.clear()
         if self._idle > 0:
             self._idle -= 1
         elif len(self._threads) < self._max_threads:
@@ -106,6 +113,7 @@ class HandlerPool:
             for run in list(self._running):
                 if now - run.started >= timeout:
                     run.expired = True
+                    self._count_handled(run.results.count(True))
                     self._running.discard(run)
                     expired.append(run)
                     pq = run.pq  # its worker is stuck: the queue goes on on another thread
@@ -116,8 +124,6 @@ class HandlerPool:
         for run in expired:
             run.results = [r is True for r in run.results]
             self._on_done(run)
-        if expired and self._slots == 0:
-            self._idle_event.set()
         return len(expired)
 
     @property
@@ -125,11 +131,22 @@ class HandlerPool:
         return self._slots > 0
 
     async def wait_idle(self, timeout: float) -> bool:
-        """Wait until no batch runs or waits for a thread; False if `timeout` passed first."""
-        try:
-            await asyncio.wait_for(self._idle_event.wait(), timeout)
-        except TimeoutError:
-            return False
+        """(closing) Wait until no batch runs or waits for a thread, every finished one collected;
+        False if `timeout` passed first. From here on every finished batch wakes the loop."""
+        self._eager = True
+        deadline = time.monotonic() + timeout
+        self.collect()
+        while self._slots > 0:
+            self._idle_event.clear()
+            if self._slots == 0:
+                break
+            try:
+                await asyncio.wait_for(self._idle_event.wait(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                self.collect()
+                return False
+            self.collect()
+        self.collect()
         return True
 
     def shutdown(self, wait: bool) -> None:
@@ -143,15 +160,15 @@ class HandlerPool:
             for t in threads:
                 t.join()
 
-    def _deliver(self) -> None:
-        """On the loop: hand every finished batch to on_done."""
+    def collect(self) -> None:
+        """On the loop: hand every finished batch to on_done (cheap when there is none)."""
         self._wake_pending = False
         finished = self._finished
         while finished:
             run = finished.popleft()
             if not run.expired:
                 self._on_done(run)
-        if self._slots == 0:
+        if self._slots == 0 and self._eager:
             self._idle_event.set()
 
     # ------------------------------------------------------------ worker threads
@@ -165,7 +182,7 @@ class HandlerPool:
             self._drain(pq)
             with self._lock:
                 self._idle += 1
-            if self._slots == 0:
+            if self._slots == 0 and self._eager:
                 self._wake()
 
     def _drain(self, pq: ProcessQueue) -> None:
@@ -184,18 +201,23 @@ class HandlerPool:
                 self._running.add(run)
             turns += 1
             self._run_chunk(run.msgs, run.results, False, lambda r=run: not r.expired and self._keep_going())
+            results = run.results
+            handled = results.count(True)
             with self._lock:
                 if run.expired:  # expire() finished it and released the queue meanwhile
                     return
                 self._running.discard(run)
+                self._count_handled(handled)
             self._finished.append(run)
-            self._wake()
+            # after the append: a loop that starts watching pq from now on collects it itself
+            if pq.watched or self._eager or handled != len(results):
+                self._wake()
 
     def _wake(self) -> None:
-        """Have the loop run _deliver (one wake-up for any number of finished batches)."""
+        """Have the loop run collect() (one wake-up for any number of finished batches)."""
         if not self._wake_pending:
             self._wake_pending = True
             try:
-                self._loop.call_soon_threadsafe(self._deliver)
+                self._loop.call_soon_threadsafe(self.collect)
             except RuntimeError:  # the loop is closed: nobody is left to tell
                 pass
