@@ -38,7 +38,7 @@ async def _pool(handler, threads: int = 4, parallel: int = 1, keep_going=lambda:
 
     def on_done(run: BatchRun) -> None:  # as the consumer does: the window moves, waiters wake
         done.append(run)
-        run.pq.done_many([m for m, ok in zip(run.msgs, run.results) if ok])
+        run.pq.done_many([m for m, ok in zip(run.msgs, run.results, strict=True) if ok])
 
     pool = HandlerPool(threads, parallel, _run_chunk_with(handler), on_done, keep_going,
                        asyncio.get_running_loop(), "test-pool")
