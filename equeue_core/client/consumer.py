@@ -28,6 +28,7 @@ from equeue_core import record
 from equeue_core.broker.topics import RETRY_PREFIX
 from equeue_core.client.connection import BrokerConnection
 from equeue_core.client.credentials import credentials
+from equeue_core.client.handler_pool import BatchRun, HandlerPool
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
@@ -127,7 +128,8 @@ class AsyncConsumer:
         self._work: set[asyncio.Future] = set()
         self._handler: Callable[..., Any] | None = None
         self._is_async = False
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # orderly runs and retries
+        self._batches: HandlerPool | None = None  # concurrent consumer, blocking handler
         self._conn: BrokerConnection | None = None
         self._id_prefix = ""
         self._members: list[str] = []
@@ -165,6 +167,11 @@ class AsyncConsumer:
         self._is_async = inspect.iscoroutinefunction(handler)
         if not self._is_async:
             self._pool = concurrent.futures.ThreadPoolExecutor(self.threads, thread_name_prefix=f"equeue-{self.group}")
+            if not self.orderly:
+                self._batches = HandlerPool(self.threads, self.parallel_per_queue, self._run_chunk,
+                                            self._batch_done, self._keep_handing_out,
+                                            asyncio.get_running_loop(), f"equeue-{self.group}-batch",
+                                            self._count_handled)
         self._conn = await BrokerConnection(self.broker, on_push=self._on_push, **self._credentials).connect()
         info = (await self._conn.request(Code.BROKER_INFO)).header
         self._id_prefix = _id_prefix(info["address"])
@@ -179,6 +186,8 @@ class AsyncConsumer:
                             loop.create_task(self._every(self.commit_interval, self.commit))]
         if self.orderly:
             self._background.append(loop.create_task(self._lock_loop()))
+        if self._batches is not None:
+            self._background.append(loop.create_task(self._every(self._expiry_check_interval(), self._expire_stuck)))
         return self
 
     def stop_handling(self) -> None:
@@ -383,8 +392,9 @@ class AsyncConsumer:
             header["tags"] = hashes
         backoff = 0.0
         while self._running and not pq.dropped:
+            self._collect()
             if pq.is_full(*self.flow) or (self.orderly and not pq.holds_lock()):
-                await pq.wait_change(0.5)
+                await pq.wait_change(0.5, self._collect)
                 continue
             epoch = pq.lock_epoch
             self.stats["pulls"] += 1
@@ -443,12 +453,14 @@ class AsyncConsumer:
 
     def _pull_batch_of(self, pq: ProcessQueue) -> AdaptivePullBatch:
         """The queue's pull batch: fixed at `pull_batch` if one was given, else adaptive between
-        32 and 1024 (never above flow_max_messages, so one pull cannot overrun flow control)."""
+        32 and 1024, and never above half of flow_max_messages: one pull cannot overrun flow
+        control, and a full pull leaves room for the next one to be in flight while the handler
+        works through it (at the whole window, pulling and handling took turns)."""
         if pq.pull_batch is None:
             if self.pull_batch is not None:
                 pq.pull_batch = AdaptivePullBatch(self.pull_batch, self.pull_batch)
             else:
-                ceiling = min(PULL_BATCH_CEILING, self.flow[0])
+                ceiling = min(PULL_BATCH_CEILING, max(1, self.flow[0] // 2))
                 pq.pull_batch = AdaptivePullBatch(min(PULL_BATCH_FLOOR, ceiling), ceiling)
         return pq.pull_batch
 
@@ -471,7 +483,7 @@ class AsyncConsumer:
         log.error("%s/%d: %s. Retrying cannot help: this queue stops once its %d messages in flight "
                   "are done", pq.topic, pq.queue_id, error, len(pq.in_flight))
         while self._running and not pq.dropped and pq.in_flight:
-            await pq.wait_change(1.0)
+            await pq.wait_change(1.0, self._collect)
         if not self._running or pq.dropped:
             return
         if not await self._skipped(pq, at):
@@ -489,7 +501,7 @@ class AsyncConsumer:
         while self._running and not pq.dropped:
             if await self._skipped(pq, at):
                 return
-            await pq.wait_change(delay)
+            await pq.wait_change(delay, self._collect)
             delay = min(self.corrupt_recheck_max, delay * 2)
 
     async def _skipped(self, pq: ProcessQueue, at: int) -> bool:
@@ -599,9 +611,48 @@ class AsyncConsumer:
     def _dispatch(self, pq: ProcessQueue, msgs: list[ReceivedMessage]) -> None:
         """Queue a pulled batch for handling. At most `parallel_per_queue` batches of one queue
         run at once (1 by default: a queue's messages reach the handler in offset order while
-        different queues run in parallel on the worker pool)."""
+        different queues run in parallel on the worker pool). A blocking handler's batches go
+        straight to the HandlerPool's threads (client/handler_pool.py); an async handler's run as
+        tasks on the loop."""
+        if self._batches is not None:
+            self._batches.submit(pq, msgs)
+            return
         pq.waiting.append(msgs)
         self._start_ready(pq)
+
+    def _batch_done(self, run: BatchRun) -> None:
+        """On the loop: a HandlerPool batch finished (or ran past consume_timeout)."""
+        pq, msgs, oks = run.pq, run.msgs, run.results
+        if oks.count(True) == len(msgs):
+            pq.done_many(msgs)
+            return
+        # None: not handed out (stopping): neither done nor failed, it stays in flight
+        handled = [m for m, ok in zip(msgs, oks, strict=True) if ok is True]
+        failed = [m for m, ok in zip(msgs, oks, strict=True) if ok is False]
+        pq.done_many(handled)
+        self.stats["failed"] += len(failed)
+        if failed and not pq.dropped:
+            task = asyncio.ensure_future(self._send_back_or_retry(pq, failed))
+            self._work.add(task)
+            task.add_done_callback(self._work.discard)
+
+    def _count_handled(self, n: int) -> None:
+        """HandlerPool: n messages were handled (called under the pool's lock, any thread)."""
+        self.stats["handled"] += n
+
+    def _collect(self) -> None:
+        """Take in the batches the HandlerPool finished since the last look (loop thread)."""
+        if self._batches is not None:
+            self._batches.collect()
+
+    def _expiry_check_interval(self) -> float:
+        """How often to look for batches past consume_timeout (a fifth of it, 50 ms to 5 s)."""
+        return max(0.05, min(5.0, self.consume_timeout / 5))
+
+    async def _expire_stuck(self) -> None:
+        if self._batches is not None and self._batches.expire(self.consume_timeout):
+            log.warning("handler ran past consume_timeout (%.0fs): unfinished messages count as failed",
+                        self.consume_timeout)
 
     def _start_ready(self, pq: ProcessQueue) -> None:
         while pq.waiting and pq.running < self.parallel_per_queue:
@@ -731,6 +782,7 @@ class AsyncConsumer:
         await self._commit_queues(list(self.queues.values()))
 
     async def _commit_queues(self, queues: list[ProcessQueue]) -> None:
+        self._collect()
         if self.orderly:  # only the lock holder speaks for an orderly queue's offset
             queues = [pq for pq in queues if pq.locked and not pq.needs_offset]
         # a queue stopped at a corrupt record commits from its own loop (_park), so it never
@@ -788,8 +840,12 @@ class AsyncConsumer:
         for t in pulls:
             t.cancel()
         deadline = time.monotonic() + drain_timeout
-        while self._work and time.monotonic() < deadline:
-            await asyncio.wait(list(self._work), timeout=max(0.0, deadline - time.monotonic()))
+        batches = self._batches
+        while (self._work or (batches is not None and batches.busy)) and time.monotonic() < deadline:
+            if batches is not None and batches.busy:
+                await batches.wait_idle(max(0.0, deadline - time.monotonic()))
+            if self._work:
+                await asyncio.wait(list(self._work), timeout=max(0.0, deadline - time.monotonic()))
         orderly = [ts[1] for ts in self._tasks.values() if len(ts) > 1]
         for t in orderly:
             t.cancel()
@@ -811,6 +867,8 @@ class AsyncConsumer:
                 # Join the worker threads unless a handler is still stuck past the drain timeout,
                 # so a closed consumer leaves no threads behind.
                 self._pool.shutdown(wait=not self._work, cancel_futures=True)
+            if batches is not None:
+                batches.shutdown(wait=not batches.busy)
 
 
 def _id_prefix(address: str) -> str:

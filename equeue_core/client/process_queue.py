@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 
 from equeue_core.client.message import ReceivedMessage
 from equeue_core.client.pull_batch import AdaptivePullBatch
@@ -37,17 +38,27 @@ class ProcessQueue:
         # Set whenever something changes that a waiting loop may care about (messages handled,
         # messages arrived, lock gained, queue dropped): loops wait on it instead of polling.
         self.changed = asyncio.Event()
+        # Loops waiting in wait_change now: a handler thread that finishes a batch of this queue
+        # wakes the event loop only while someone watches (client/handler_pool.py).
+        self.watched = 0
 
     def wake(self) -> None:
         self.changed.set()
 
-    async def wait_change(self, timeout: float) -> None:
-        """Wait until wake() or timeout; the timeout is only a safety net."""
+    async def wait_change(self, timeout: float, collect: Callable[[], None] | None = None) -> None:
+        """Wait until wake() or timeout; the timeout is only a safety net. `collect` runs once
+        this queue counts as watched and before the wait: it takes in what finished before a
+        handler thread could see the watch (a change it makes ends the wait at once)."""
         self.changed.clear()
+        self.watched += 1
         try:
+            if collect is not None:
+                collect()
             await asyncio.wait_for(self.changed.wait(), timeout)
         except TimeoutError:
             pass
+        finally:
+            self.watched -= 1
 
     def holds_lock(self) -> bool:
         """Orderly: the lock is ours and was renewed recently enough to still trust it."""

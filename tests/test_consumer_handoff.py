@@ -1,0 +1,210 @@
+"""How a concurrent consumer hands pulled batches to its blocking handler (client/handler_pool.py)
+and keeps pulling meanwhile: per-queue order, no batch lost or run twice, a stuck batch freed at
+consume_timeout, and the next pull in flight while a full batch is handled."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from equeue_core.client import AdminClient, Consumer, Message, Producer
+from equeue_core.client.handler_pool import BatchRun, HandlerPool
+from equeue_core.client.process_queue import ProcessQueue
+from tests.helpers.waiting import wait_until
+
+
+def _msgs(topic: str, first: int, n: int) -> list:
+    from equeue_core.client.message import ReceivedMessage
+
+    return [ReceivedMessage(topic, 0, off, f"id{off}", None, (), {}, b"x", 0, 0) for off in range(first, first + n)]
+
+
+def _run_chunk_with(handler):
+    def run_chunk(msgs, results, stop_on_failure, keep_going):
+        for i, m in enumerate(msgs):
+            if not keep_going():
+                return
+            try:
+                handler(m)
+                results[i] = True
+            except Exception:
+                results[i] = False
+    return run_chunk
+
+
+async def _pool(handler, threads: int = 4, parallel: int = 1, keep_going=lambda: True):
+    done: list[BatchRun] = []
+
+    def on_done(run: BatchRun) -> None:  # as the consumer does: the window moves, waiters wake
+        done.append(run)
+        run.pq.done_many([m for m, ok in zip(run.msgs, run.results, strict=True) if ok])
+
+    pool = HandlerPool(threads, parallel, _run_chunk_with(handler), on_done, keep_going,
+                       asyncio.get_running_loop(), "test-pool")
+    return pool, done
+
+
+def test_one_queues_batches_reach_the_handler_in_offset_order_one_at_a_time_while_queues_run_in_parallel():
+    async def main():
+        seen: dict[str, list[int]] = {"a": [], "b": [], "c": []}
+        active: dict[str, int] = {"a": 0, "b": 0, "c": 0}
+        overlap: list[str] = []
+        threads_seen: set[str] = set()
+        lock = threading.Lock()
+
+        def handler(m):
+            with lock:
+                active[m.topic] += 1
+                if active[m.topic] > 1:
+                    overlap.append(m.topic)
+                threads_seen.add(threading.current_thread().name)
+            time.sleep(0.0005)
+            with lock:
+                seen[m.topic].append(m.queue_offset)
+                active[m.topic] -= 1
+
+        pool, done = await _pool(handler)
+        queues = {t: ProcessQueue(t, 0, 0) for t in seen}
+        for k in range(20):  # 20 batches of 10 per queue, submitted while earlier ones run
+            for t, pq in queues.items():
+                pool.submit(pq, _msgs(t, k * 10, 10))
+            await asyncio.sleep(0)
+        assert await pool.wait_idle(30)
+        pool.shutdown(wait=True)
+        return seen, overlap, done, threads_seen
+
+    seen, overlap, done, threads_seen = asyncio.run(main())
+    assert overlap == []  # never two batches of one queue at once
+    for t, offsets in seen.items():
+        assert offsets == list(range(200)), t  # every message once, in offset order
+    assert len(done) == 60 and all(all(r is True for r in run.results) for run in done)
+    assert len(threads_seen) > 1  # different queues did run on different threads
+
+
+def test_a_batch_past_consume_timeout_counts_as_failed_and_its_queue_goes_on_on_another_thread():
+    async def main():
+        release = threading.Event()
+        calls: list[tuple[int, str]] = []
+
+        def handler(m):
+            calls.append((m.queue_offset, threading.current_thread().name))
+            if m.queue_offset == 0:
+                release.wait(20)  # stuck far past the timeout
+
+        pool, done = await _pool(handler)
+        pq = ProcessQueue("t", 0, 0)
+        pool.submit(pq, _msgs("t", 0, 3))
+        pool.submit(pq, _msgs("t", 3, 2))
+        await asyncio.sleep(0.3)
+        assert [c[0] for c in calls] == [0]  # the second batch waits behind the stuck one
+        assert pool.expire(0.2) == 1
+        expired = list(done)
+        for _ in range(200):
+            pool.collect()
+            if len(done) == 2:
+                break
+            await asyncio.sleep(0.05)
+        release.set()
+        assert await pool.wait_idle(30)
+        await asyncio.sleep(0.1)
+        pool.shutdown(wait=True)
+        return expired, done, calls
+
+    expired, done, calls = asyncio.run(main())
+    assert len(expired) == 1 and expired[0].results == [False, False, False]  # unfinished: failed
+    assert len(done) == 2 and done[1].results == [True, True]  # reported once; the queue went on
+    assert [c[0] for c in calls] == [0, 3, 4]  # the expired batch handed out nothing more
+    assert calls[0][1] != calls[1][1]  # on another thread while the first was stuck
+
+
+def test_a_finished_batch_wakes_the_loop_only_for_a_queue_someone_waits_on():
+    """A batch handled without failure is collected at the loop's next look (no wake-up of its
+    own), except while the queue's pull loop waits for room: then its finishing ends the wait."""
+    async def main():
+        gate = threading.Event()
+
+        def handler(m):
+            gate.wait(20)
+
+        pool, done = await _pool(handler)
+        pq = ProcessQueue("t", 0, 0)
+        pq.add(_msgs("t", 0, 2))
+        gate.set()
+        pool.submit(pq, _msgs("t", 0, 1))
+        for _ in range(100):  # the batch finishes; nobody watches pq, so nobody is woken
+            await asyncio.sleep(0.02)
+            if not pool.busy:
+                break
+        await asyncio.sleep(0.1)
+        quiet = len(done)
+        pool.collect()
+        collected = len(done)
+        gate.clear()
+        pool.submit(pq, _msgs("t", 1, 1))
+        waiter = asyncio.ensure_future(pq.wait_change(60, pool.collect))
+        await asyncio.sleep(0.05)
+        gate.set()  # its finishing must end the wait, not the 60 s safety net
+        await asyncio.wait_for(waiter, 20)
+        pool.shutdown(wait=True)
+        return quiet, collected, len(done)
+
+    quiet, collected, after_wait = asyncio.run(main())
+    assert (quiet, collected, after_wait) == (0, 1, 2)
+
+
+def test_no_batch_is_started_once_handing_out_stopped():
+    async def main():
+        go = {"on": True}
+        first = threading.Event()
+        release = threading.Event()
+        calls: list[int] = []
+
+        def handler(m):
+            calls.append(m.queue_offset)
+            first.set()
+            release.wait(20)
+
+        pool, done = await _pool(handler, keep_going=lambda: go["on"])
+        pq = ProcessQueue("t", 0, 0)
+        pool.submit(pq, _msgs("t", 0, 2))
+        pool.submit(pq, _msgs("t", 2, 2))
+        for _ in range(200):
+            if first.is_set():
+                break
+            await asyncio.sleep(0.05)
+        go["on"] = False
+        release.set()
+        assert await pool.wait_idle(30)
+        pool.shutdown(wait=True)
+        return calls, done
+
+    calls, done = asyncio.run(main())
+    assert calls == [0]  # the call in progress finished; nothing more was handed out
+    assert len(done) == 1 and done[0].results == [True, None]
+
+
+def test_the_next_pull_is_in_flight_while_a_full_batch_is_handled(file_broker):
+    """With the adaptive batch at its ceiling equal to flow_max_messages, one pull filled the
+    whole window: the pull loop waited until the handler had finished that batch, so pulling and
+    handling took turns. The ceiling is half the window now: a pull is in flight meanwhile."""
+    with AdminClient(file_broker.address) as admin:
+        admin.create_topic("window", 1)
+    with Producer(file_broker.address) as p:
+        p.send_batch([Message("window", b"w" * 10) for _ in range(500)])
+    seen_pulls: list[int] = []
+    c = Consumer("window-g", file_broker.address, consume_from="first", flow_max_messages=32,
+                 hold_ms=200).subscribe("window")
+
+    def handler(m) -> None:
+        if m.queue_offset == 0:  # hold the first batch until another pull went out (bounded)
+            wait_until(lambda: c.stats["pulls"] >= 2, timeout=5, interval=0.01)
+            seen_pulls.append(c.stats["pulls"])
+
+    c.start(handler)
+    try:
+        assert wait_until(lambda: c.stats["handled"] >= 500, timeout=60)
+    finally:
+        c.close()
+    assert seen_pulls and seen_pulls[0] >= 2
+    assert c.stats["pull_batch_peak"] <= 16
