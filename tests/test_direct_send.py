@@ -96,3 +96,30 @@ def test_a_caller_that_spins_between_sends_still_gets_them_delivered(file_broker
         finally:
             c.close()
     assert {f"s{i}".encode() for i in range(count)} <= set(got)
+
+
+def test_a_blocking_connection_reads_an_answer_larger_than_one_receive(file_broker):
+    """The blocking connection's usual answer fits one recv; one that does not (a pull answer of
+    ~200 KiB here) is still read whole, and the connection stays in step for the next request."""
+    from equeue_plugins.transport_tcp.blocking import RECV_SIZE
+
+    from equeue_core import frame, record
+    from equeue_core.client.address import parse_address
+    from equeue_core.codes import Code
+    from equeue_core.contracts import TransportSettings
+    from equeue_core.plugins import get_plugin_manager
+
+    with Producer(file_broker.address) as p:
+        queue_id = p.send_batch([Message("wide-answer", b"w" * 1000) for _ in range(200)], routing_key="k")[0].queue_id
+    address = parse_address(file_broker.address)
+    conn = get_plugin_manager().transport("tcp").connect_blocking(address.host, address.port, TransportSettings())
+    try:
+        for _ in range(2):
+            pull = frame.Frame(Code.PULL, header={"group": "g", "topic": "wide-answer", "queue_id": queue_id,
+                                                  "offset": 0, "max_count": 200, "hold_ms": 0})
+            answer = conn.request(pull, 10)
+            assert not answer.is_error, answer.header
+            assert len(answer.body) > RECV_SIZE
+            assert len(record.scan(answer.body)) == answer.header["count"] == 200
+    finally:
+        conn.close()

@@ -23,7 +23,7 @@ from equeue_core.client.credentials import credentials
 from equeue_core.client.direct import DirectConnection
 from equeue_core.client.fault import LatencyFaultTolerance
 from equeue_core.client.loop import background_loop, run_sync
-from equeue_core.client.message import Message, SendResult
+from equeue_core.client.message import Message, SendResult, append_records
 from equeue_core.client.routing import DEFAULT_ROUTE_REFRESH_S, BrokerQueue, ClusterRouter, writable_queues
 from equeue_core.codes import Code
 from equeue_core.errors import (
@@ -40,6 +40,7 @@ from equeue_core.plugins import get_plugin_manager
 log = logging.getLogger("equeue.producer")
 
 ROUTE_TTL_S = 30.0
+_SEND = int(Code.SEND)
 MAX_FRAME_BODY = 15 * 1024 * 1024
 
 
@@ -56,8 +57,9 @@ class _Route:
 @dataclass
 class _OpenBatch:
     queue: Any = None  # the queue id (a BrokerQueue with nameserver=) the whole batch goes to
-    parts: list[bytes] = field(default_factory=list)
+    parts: list[bytes] = field(default_factory=list)  # the records' buffers (message.append_records)
     size: int = 0
+    count: int = 0  # messages in the batch
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
@@ -77,7 +79,10 @@ class _BatchAnswer:
                           self.first_offset + i, self.broker)
 
     def results(self) -> list[SendResult]:
-        return [self.result(i) for i in range(len(self.positions))]
+        prefix, topic, queue_id, first, broker = (self.id_prefix, self.topic, self.queue_id,
+                                                  self.first_offset, self.broker)
+        return [SendResult(f"{prefix}{p:016X}", topic, queue_id, first + i, broker)
+                for i, p in enumerate(self.positions)]
 
 
 class SendFuture:
@@ -209,9 +214,11 @@ class AsyncProducer:
         pinned = routing_key is not None
         queue = self._select(route, routing_key) if pinned or self._router is not None else None
         # the broker stamps the queue id into every record it stores, so 0 is fine until then
-        rec = message.encode(0 if queue is None else queue if isinstance(queue, int) else queue.queue_id)
+        parts: list[bytes] = []
+        size = append_records(parts, (message,),
+                              0 if queue is None else queue if isinstance(queue, int) else queue.queue_id)
         key = (message.topic, queue, pinned)
-        with self._room:
+        with self._lock:  # the lock of self._room (its own __enter__ is a Python-level call)
             while self._pending >= self.max_in_flight:
                 if not self._room.wait(self.send_timeout):
                     raise BrokerBusyError(f"{self._pending} messages waiting to be sent; the broker is not keeping up")
@@ -221,9 +228,10 @@ class AsyncProducer:
             idle = key not in self._in_flight
             if batch is None:
                 batch = self._open[key] = _OpenBatch(self._select(route, None) if queue is None else queue)
-            index = len(batch.parts)
-            batch.parts.append(rec)
-            batch.size += len(rec)
+            index = batch.count
+            batch.count = index + 1
+            batch.parts += parts
+            batch.size += size
             full = batch.size >= self.max_batch_bytes
             if full:
                 del self._open[key]
@@ -275,12 +283,12 @@ class AsyncProducer:
         try:
             answer = await self._send_frame(topic, batch.queue, b"".join(batch.parts), {}, pinned)
         except BaseException as e:
-            self._release(len(batch.parts))
+            self._release(batch.count)
             batch.future.set_exception(e)
             if isinstance(e, asyncio.CancelledError):
                 raise
             return
-        self._release(len(batch.parts))
+        self._release(batch.count)
         batch.future.set_result(answer)
 
     def _release(self, n: int) -> None:
@@ -397,25 +405,33 @@ class AsyncProducer:
         by_topic: dict[str, list[int]] = {}
         for i, m in enumerate(messages):
             by_topic.setdefault(m.topic, []).append(i)
+        pinned = routing_key is not None
+        if len(by_topic) == 1:  # the usual call: one topic, and (under MAX_FRAME_BODY) one frame
+            topic = messages[0].topic
+            route = await self.route(topic)
+            queue = self._select(route, routing_key)
+            parts: list[bytes] = []
+            if append_records(parts, messages, queue if isinstance(queue, int) else queue.queue_id) <= MAX_FRAME_BODY:
+                return (await self._send_frame(topic, queue, b"".join(parts), {}, pinned)).results()
         results: list[SendResult | None] = [None] * len(messages)
         for topic, idxs in by_topic.items():
             route = await self.route(topic)
             queue = self._select(route, routing_key)
             queue_id = queue if isinstance(queue, int) else queue.queue_id
-            pinned = routing_key is not None
             chunk: list[bytes] = []
             chunk_idx: list[int] = []
             size = 0
             for i in idxs:
-                rec = messages[i].encode(queue_id)
-                if chunk and size + len(rec) > MAX_FRAME_BODY:
+                rec: list[bytes] = []
+                n = append_records(rec, (messages[i],), queue_id)
+                if chunk and size + n > MAX_FRAME_BODY:
                     answer = await self._send_frame(topic, queue, b"".join(chunk), {}, pinned)
                     for j, r in zip(chunk_idx, answer.results(), strict=True):
                         results[j] = r
                     chunk, chunk_idx, size = [], [], 0
-                chunk.append(rec)
+                chunk += rec
                 chunk_idx.append(i)
-                size += len(rec)
+                size += n
             answer = await self._send_frame(topic, queue, b"".join(chunk), {}, pinned)
             for j, r in zip(chunk_idx, answer.results(), strict=True):
                 results[j] = r
@@ -508,28 +524,35 @@ class Producer:
                      timeout: float | None) -> SendResult | None:
         """One SEND over the direct connection, retried like the loop path's (`retries` times on a
         transport failure; a timed-out send may have been stored, so at least once). None: use the
-        loop path (see send)."""
+        loop path (see send). The hot path of a caller that sends one by one: no asyncio, no
+        Frame or route objects beyond the one request."""
         a = self._async
         if a._pending:  # read without the lock: a stale non-zero only costs the loop path
             return None
-        route = self._route(message.topic)
-        queue_id = a._select(route, routing_key)
-        body = message.encode(queue_id)
-        header = {"topic": message.topic, "queue_id": queue_id}
+        topic = message.topic
+        route = a._routes.get(topic)
+        if route is None or time.monotonic() - route.fetched > a.route_ttl:
+            route = self._route(topic)
+        queue_id = (a._default_selector.select(route.queues, None) if routing_key is None
+                    else a._hash_selector.select(route.queues, routing_key))
+        parts: list[bytes] = []
+        append_records(parts, (message,), queue_id)
+        body = b"".join(parts)
+        header = {"topic": topic, "queue_id": queue_id}
         attempt = 0
         while True:
             try:
-                resp = direct.try_request(Code.SEND, header, body, timeout or a.send_timeout)
+                resp = direct.try_request(_SEND, header, body, timeout or a.send_timeout)
                 break
             except TransportError as e:
                 attempt += 1
                 if attempt > a.retries:
-                    raise TransportError(f"send to {message.topic}/{queue_id} failed after {attempt} tries: {e}") from e
+                    raise TransportError(f"send to {topic}/{queue_id} failed after {attempt} tries: {e}") from e
                 time.sleep(0.1 * attempt)
         if resp is None:
             return None
         h = resp.header
-        return SendResult(f"{h['id_prefix']}{h['positions'][0]:016X}", message.topic, queue_id, h["first_offset"])
+        return SendResult(f"{h['id_prefix']}{h['positions'][0]:016X}", topic, queue_id, h["first_offset"])
 
     def send_oneway(self, message: Message, routing_key: str | None = None) -> None:
         """Send without waiting for (or reporting) the result."""
