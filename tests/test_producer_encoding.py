@@ -92,3 +92,24 @@ def test_a_send_the_broker_refuses_raises_its_typed_error_on_every_path(file_bro
         with pytest.raises(InvalidTopicError):
             p.send_batch([Message("has space", b"x")])
         assert p.send(Message("big", b"still fine")).topic == "big"
+
+
+def test_send_async_futures_kept_after_their_answers_do_not_pin_the_sent_bodies(file_broker):
+    """A SendFuture reads its result from its batch's answer; the batch must drop its records'
+    buffers once they are sent, or an app that keeps its futures keeps every body it sent."""
+    import gc
+    import tracemalloc
+
+    with Producer(file_broker.address) as p:
+        p.send(Message("pin", b"warm-up"))
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            futures = [p.send_async(Message("pin", bytes([i]) * 100_000)) for i in range(200)]  # 20 MB
+            results = [f.result(30) for f in futures]
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert len({(r.queue_id, r.queue_offset) for r in results}) == len(futures) == 200
+        assert held < 5_000_000, held

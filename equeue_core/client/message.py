@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from time import time_ns as _time_ns
 
 from equeue_core import record
 from equeue_core.errors import InvalidMessageError
@@ -52,6 +53,8 @@ class Message:
 _MAX_CACHED = 4096  # distinct topics/tags whose encoded bytes are kept (then the caches start over)
 _topic_bytes: dict[str, bytes] = {}
 _tag_fields: dict[str, tuple[bytes, int]] = {}
+_pack = record.HEADER.pack
+_HEADER_SIZE, _MAGIC, _VERSION = record.HEADER_SIZE, record.MAGIC, record.VERSION
 
 
 def append_records(out: list, messages: Iterable[Message], queue_id: int) -> int:
@@ -64,48 +67,41 @@ def append_records(out: list, messages: Iterable[Message], queue_id: int) -> int
     clock is read once per call (every record of the call gets the same born_ts). A message with
     keys or properties, or a body that is not bytes, takes `Message.encode` (same bytes, checks
     and errors). tests/test_producer_encoding.py holds the two to the same output."""
-    born = record.now_ms()
-    pack = record.HEADER.pack
-    hsize = record.HEADER_SIZE
-    magic, version = record.MAGIC, record.VERSION
-    topics = _topic_bytes
-    tags = _tag_fields
-    append = out.append
+    born = _time_ns() // 1_000_000  # record.now_ms, inlined: it is read once per message on send_async
     total = 0
     for m in messages:
-        body = m.body
-        if m.keys or m.properties or type(body) is not bytes:
-            rec = m.encode(queue_id)
-            append(rec)
-            total += len(rec)
-            continue
-        topic = m.topic
-        topic_b = topics.get(topic)
-        if topic_b is None:
-            if len(topics) >= _MAX_CACHED:
-                topics.clear()
-            topic_b = topics[topic] = topic.encode()
-        tag = m.tag
-        if tag:
-            fields = tags.get(tag)
-            if fields is None:
-                if len(tags) >= _MAX_CACHED:
-                    tags.clear()
-                fields = tags[tag] = (tag.encode(), record.tag_hash(tag))
-            tag_b, th = fields
-            size = hsize + len(topic_b) + len(tag_b) + len(body)
-            append(pack(size, magic, version, 0, 0, 0, 0, queue_id, 0, born, 0, th,
-                        len(topic_b), len(tag_b), 0, 0, len(body)))
-            append(topic_b)
-            append(tag_b)
-        else:
-            size = hsize + len(topic_b) + len(body)
-            append(pack(size, magic, version, 0, 0, 0, 0, queue_id, 0, born, 0, 0,
-                        len(topic_b), 0, 0, 0, len(body)))
-            append(topic_b)
-        append(body)
-        total += size
+        total += append_record(out, m, queue_id, born)
     return total
+
+
+def append_record(out: list, m: Message, queue_id: int, born: int) -> int:
+    """One message of `append_records`, with born_ts `born` (ms since the epoch)."""
+    body = m.body
+    if m.keys or m.properties or type(body) is not bytes:
+        rec = m.encode(queue_id)
+        out.append(rec)
+        return len(rec)
+    topic_b = _topic_bytes.get(m.topic)
+    if topic_b is None:
+        if len(_topic_bytes) >= _MAX_CACHED:
+            _topic_bytes.clear()
+        topic_b = _topic_bytes[m.topic] = m.topic.encode()
+    tag = m.tag
+    if tag:
+        fields = _tag_fields.get(tag)
+        if fields is None:
+            if len(_tag_fields) >= _MAX_CACHED:
+                _tag_fields.clear()
+            fields = _tag_fields[tag] = (tag.encode(), record.tag_hash(tag))
+        tag_b, th = fields
+        size = _HEADER_SIZE + len(topic_b) + len(tag_b) + len(body)
+        out += (_pack(size, _MAGIC, _VERSION, 0, 0, 0, 0, queue_id, 0, born, 0, th,
+                      len(topic_b), len(tag_b), 0, 0, len(body)), topic_b, tag_b, body)
+        return size
+    size = _HEADER_SIZE + len(topic_b) + len(body)
+    out += (_pack(size, _MAGIC, _VERSION, 0, 0, 0, 0, queue_id, 0, born, 0, 0,
+                  len(topic_b), 0, 0, 0, len(body)), topic_b, body)
+    return size
 
 
 @dataclass(slots=True)

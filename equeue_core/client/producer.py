@@ -23,7 +23,7 @@ from equeue_core.client.credentials import credentials
 from equeue_core.client.direct import DirectConnection
 from equeue_core.client.fault import LatencyFaultTolerance
 from equeue_core.client.loop import background_loop, run_sync
-from equeue_core.client.message import Message, SendResult, append_records
+from equeue_core.client.message import Message, SendResult, append_record, append_records
 from equeue_core.client.routing import DEFAULT_ROUTE_REFRESH_S, BrokerQueue, ClusterRouter, writable_queues
 from equeue_core.codes import Code
 from equeue_core.errors import (
@@ -54,13 +54,14 @@ class _Route:
     fetched: float
 
 
-@dataclass
+@dataclass(slots=True)
 class _OpenBatch:
     queue: Any = None  # the queue id (a BrokerQueue with nameserver=) the whole batch goes to
     parts: list[bytes] = field(default_factory=list)  # the records' buffers (message.append_records)
     size: int = 0
     count: int = 0  # messages in the batch
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    answer: _BatchAnswer | None = None  # set just before future's result: read without its lock
 
 
 @dataclass(slots=True)
@@ -89,28 +90,32 @@ class SendFuture:
     """The future of one automatically batched message. Messages of a batch share one
     underlying future, so batching does not cost a future (or a result object) per message
     until someone asks for it. Offers result(), exception(), done(), add_done_callback() like
-    concurrent.futures.Future, and can be awaited from asyncio code."""
+    concurrent.futures.Future, and can be awaited from asyncio code. A result asked for once the
+    batch is answered comes from the batch's answer directly (no lock, no wait)."""
 
     __slots__ = ("_batch", "_index")
 
-    def __init__(self, batch: concurrent.futures.Future, index: int) -> None:
+    def __init__(self, batch: _OpenBatch, index: int) -> None:
         self._batch = batch
         self._index = index
 
     def result(self, timeout: float | None = None) -> SendResult:
-        return self._batch.result(timeout).result(self._index)
+        answer = self._batch.answer
+        if answer is None:
+            answer = self._batch.future.result(timeout)
+        return answer.result(self._index)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        return self._batch.exception(timeout)
+        return self._batch.future.exception(timeout)
 
     def done(self) -> bool:
-        return self._batch.done()
+        return self._batch.future.done()
 
     def add_done_callback(self, fn: Any) -> None:
-        self._batch.add_done_callback(lambda _f: fn(self))
+        self._batch.future.add_done_callback(lambda _f: fn(self))
 
     def __await__(self):
-        answer = yield from asyncio.wrap_future(self._batch).__await__()
+        answer = yield from asyncio.wrap_future(self._batch.future).__await__()
         return answer.result(self._index)
 
 
@@ -215,8 +220,8 @@ class AsyncProducer:
         queue = self._select(route, routing_key) if pinned or self._router is not None else None
         # the broker stamps the queue id into every record it stores, so 0 is fine until then
         parts: list[bytes] = []
-        size = append_records(parts, (message,),
-                              0 if queue is None else queue if isinstance(queue, int) else queue.queue_id)
+        size = append_record(parts, message, 0 if queue is None else queue if isinstance(queue, int) else queue.queue_id,
+                             time.time_ns() // 1_000_000)
         key = (message.topic, queue, pinned)
         with self._lock:  # the lock of self._room (its own __enter__ is a Python-level call)
             while self._pending >= self.max_in_flight:
@@ -225,8 +230,8 @@ class AsyncProducer:
             self._pending += 1
             batch = self._open.get(key)
             new = batch is None
-            idle = key not in self._in_flight
-            if batch is None:
+            if new:
+                idle = key not in self._in_flight
                 batch = self._open[key] = _OpenBatch(self._select(route, None) if queue is None else queue)
             index = batch.count
             batch.count = index + 1
@@ -244,7 +249,7 @@ class AsyncProducer:
                 loop.call_soon_threadsafe(self._arm_linger, key, batch)
             else:
                 loop.call_soon_threadsafe(self._linger_expired, key, batch)
-        return SendFuture(batch.future, index)
+        return SendFuture(batch, index)
 
     def _arm_linger(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
         assert self._loop is not None
@@ -280,8 +285,10 @@ class AsyncProducer:
 
     async def _send_open_batch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
         topic, _, pinned = key
+        body = b"".join(batch.parts)
+        batch.parts = []  # the futures keep the batch: not its bytes
         try:
-            answer = await self._send_frame(topic, batch.queue, b"".join(batch.parts), {}, pinned)
+            answer = await self._send_frame(topic, batch.queue, body, {}, pinned)
         except BaseException as e:
             self._release(batch.count)
             batch.future.set_exception(e)
@@ -289,6 +296,7 @@ class AsyncProducer:
                 raise
             return
         self._release(batch.count)
+        batch.answer = answer
         batch.future.set_result(answer)
 
     def _release(self, n: int) -> None:
@@ -492,10 +500,15 @@ class Producer:
     def send_async(self, message: Message, routing_key: str | None = None,
                    linger: bool = True) -> SendFuture | concurrent.futures.Future:
         """Queue a message for the next batch; the future gives its SendResult."""
-        self._check()
+        if not self._started:
+            self._check()
         if message.delay_level is not None or message.deliver_at is not None:
             return asyncio.run_coroutine_threadsafe(self._async.send(message, routing_key), background_loop())
-        return self._async._enqueue(self._route(message.topic), message, routing_key, linger)
+        a = self._async
+        route = a._routes.get(message.topic)
+        if route is None or time.monotonic() - route.fetched > a.route_ttl:
+            route = self._route(message.topic)
+        return a._enqueue(route, message, routing_key, linger)
 
     def send(self, message: Message, routing_key: str | None = None, timeout: float | None = None) -> SendResult:
         """Send one message and wait for its result (no linger: it leaves at once).
@@ -536,7 +549,7 @@ class Producer:
         queue_id = (a._default_selector.select(route.queues, None) if routing_key is None
                     else a._hash_selector.select(route.queues, routing_key))
         parts: list[bytes] = []
-        append_records(parts, (message,), queue_id)
+        append_record(parts, message, queue_id, time.time_ns() // 1_000_000)
         body = b"".join(parts)
         header = {"topic": topic, "queue_id": queue_id}
         attempt = 0
