@@ -535,44 +535,84 @@ class Producer:
 
     def _send_direct(self, direct: DirectConnection, message: Message, routing_key: str | None,
                      timeout: float | None) -> SendResult | None:
-        """One SEND over the direct connection, retried like the loop path's (`retries` times on a
-        transport failure; a timed-out send may have been stored, so at least once). None: use the
-        loop path (see send). The hot path of a caller that sends one by one: no asyncio, no
-        Frame or route objects beyond the one request."""
+        """`send` over the direct connection; None: use the loop path (see send). The hot path of a
+        caller that sends one by one: no asyncio, no Frame or route objects beyond the request."""
         a = self._async
         if a._pending:  # read without the lock: a stale non-zero only costs the loop path
             return None
         topic = message.topic
+        queue_id = self._direct_queue(topic, routing_key)
+        parts: list[bytes] = []
+        append_record(parts, message, queue_id, time.time_ns() // 1_000_000)
+        h = self._request_direct(direct, topic, queue_id, b"".join(parts), timeout)
+        if h is None:
+            return None
+        return SendResult(f"{h['id_prefix']}{h['positions'][0]:016X}", topic, queue_id, h["first_offset"])
+
+    def _send_batch_direct(self, direct: DirectConnection, messages: Sequence[Message],
+                           routing_key: str | None) -> list[SendResult] | None:
+        """`send_batch` of one topic, in one frame, over the direct connection (the same request
+        the loop path makes, without the two thread hops); None: use the loop path (another
+        thread holds the connection, send_async messages are unacknowledged, several topics,
+        a delayed message, over MAX_FRAME_BODY)."""
+        a = self._async
+        if a._pending:
+            return None
+        topic = messages[0].topic
+        for m in messages:
+            if m.topic != topic or m.delay_level is not None or m.deliver_at is not None:
+                return None
+        queue_id = self._direct_queue(topic, routing_key)
+        parts: list[bytes] = []
+        if append_records(parts, messages, queue_id) > MAX_FRAME_BODY:
+            return None
+        h = self._request_direct(direct, topic, queue_id, b"".join(parts), None)
+        if h is None:
+            return None
+        return _BatchAnswer(topic, queue_id, h["id_prefix"], h["first_offset"], h["positions"]).results()
+
+    def _direct_queue(self, topic: str, routing_key: str | None) -> int:
+        """The queue id a direct send goes to (one broker: the selectors of AsyncProducer._select)."""
+        a = self._async
         route = a._routes.get(topic)
         if route is None or time.monotonic() - route.fetched > a.route_ttl:
             route = self._route(topic)
-        queue_id = (a._default_selector.select(route.queues, None) if routing_key is None
-                    else a._hash_selector.select(route.queues, routing_key))
-        parts: list[bytes] = []
-        append_record(parts, message, queue_id, time.time_ns() // 1_000_000)
-        body = b"".join(parts)
+        if routing_key is None:
+            return a._default_selector.select(route.queues, None)
+        return a._hash_selector.select(route.queues, routing_key)
+
+    def _request_direct(self, direct: DirectConnection, topic: str, queue_id: int, body: bytes,
+                        timeout: float | None) -> dict[str, Any] | None:
+        """One SEND over the direct connection, retried like the loop path's (`retries` times on a
+        transport failure, the last failure's type kept: RequestTimeoutError, ConnectionLostError,
+        ...; a timed-out send may have been stored, so at least once). The answer's header, or
+        None if the direct connection is busy or closed."""
+        a = self._async
         header = {"topic": topic, "queue_id": queue_id}
         attempt = 0
         while True:
             try:
                 resp = direct.try_request(_SEND, header, body, timeout or a.send_timeout)
-                break
+                return None if resp is None else resp.header
             except TransportError as e:
                 attempt += 1
                 if attempt > a.retries:
-                    raise TransportError(f"send to {topic}/{queue_id} failed after {attempt} tries: {e}") from e
+                    raise type(e)(f"send to {topic}/{queue_id} failed after {attempt} tries: {e}", **e.details) from e
                 time.sleep(0.1 * attempt)
-        if resp is None:
-            return None
-        h = resp.header
-        return SendResult(f"{h['id_prefix']}{h['positions'][0]:016X}", topic, queue_id, h["first_offset"])
 
     def send_oneway(self, message: Message, routing_key: str | None = None) -> None:
         """Send without waiting for (or reporting) the result."""
         self.send_async(message, routing_key)
 
     def send_batch(self, messages: Sequence[Message], routing_key: str | None = None) -> list[SendResult]:
+        """Send messages as few frames as possible and wait for their results (in the order
+        given); see AsyncProducer.send_batch. Like `send`, a batch of one topic goes over the
+        direct connection in the calling thread when there is one and nothing else is in flight."""
         self._check()
+        if self._direct is not None and messages:
+            results = self._send_batch_direct(self._direct, messages, routing_key)
+            if results is not None:
+                return results
         return run_sync(self._async.send_batch(messages, routing_key))
 
     def flush(self) -> None:
