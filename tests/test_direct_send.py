@@ -4,6 +4,8 @@ messages, sign like the loop path, and survive a broker that went away between s
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -11,6 +13,7 @@ import pytest
 
 from equeue_core.client import Consumer, Message, Producer
 from equeue_core.client.loop import background_loop
+from equeue_core.errors import ConnectionLostError, RequestTimeoutError
 from tests.helpers.broker import BrokerProcess
 from tests.helpers.waiting import wait_until
 
@@ -96,3 +99,64 @@ def test_a_caller_that_spins_between_sends_still_gets_them_delivered(file_broker
         finally:
             c.close()
     assert {f"s{i}".encode() for i in range(count)} <= set(got)
+
+
+def test_a_blocking_connection_reads_an_answer_larger_than_one_receive(file_broker):
+    """The blocking connection's usual answer fits one recv; one that does not (a pull answer of
+    ~200 KiB here) is still read whole, and the connection stays in step for the next request."""
+    from equeue_plugins.transport_tcp.blocking import RECV_SIZE
+
+    from equeue_core import frame, record
+    from equeue_core.client.address import parse_address
+    from equeue_core.codes import Code
+    from equeue_core.contracts import TransportSettings
+    from equeue_core.plugins import get_plugin_manager
+
+    with Producer(file_broker.address) as p:
+        queue_id = p.send_batch([Message("wide-answer", b"w" * 1000) for _ in range(200)], routing_key="k")[0].queue_id
+    address = parse_address(file_broker.address)
+    conn = get_plugin_manager().transport("tcp").connect_blocking(address.host, address.port, TransportSettings())
+    try:
+        for _ in range(2):
+            pull = frame.Frame(Code.PULL, header={"group": "g", "topic": "wide-answer", "queue_id": queue_id,
+                                                  "offset": 0, "max_count": 200, "hold_ms": 0})
+            answer = conn.request(pull, 10)
+            assert not answer.is_error, answer.header
+            assert len(answer.body) > RECV_SIZE
+            assert len(record.scan(answer.body)) == answer.header["count"] == 200
+    finally:
+        conn.close()
+
+
+def test_a_send_to_a_hung_or_stopped_broker_fails_with_the_typed_error_of_its_last_try(tmp_path):
+    """After its retries a direct send raises what the last try met (as the loop path does):
+    RequestTimeoutError from a broker that does not answer, ConnectionLostError from one that is
+    gone -- not a bare TransportError a caller cannot tell apart."""
+    b = BrokerProcess(tmp_path / "data").start()
+    pid = b.proc.pid
+    try:
+        with Producer(b.address, send_timeout=0.5, retries=1) as p:
+            p.send(Message("typed", b"warm-up"))
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(RequestTimeoutError):
+                    p.send(Message("typed", b"x"))
+                with pytest.raises(RequestTimeoutError):
+                    p.send_batch([Message("typed", b"y")])
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            b.stop()
+            with pytest.raises(ConnectionLostError):
+                p.send(Message("typed", b"z"))
+    finally:
+        b.stop()
+
+
+def test_send_batch_after_send_async_on_one_key_is_stored_after_them(file_broker):
+    with Producer(file_broker.address, linger_ms=50) as p:
+        futures = [p.send_async(Message("ordered-batch", f"a{i}".encode()), routing_key="k") for i in range(50)]
+        batch = p.send_batch([Message("ordered-batch", f"b{i}".encode()) for i in range(10)], routing_key="k")
+        earlier = [f.result(30) for f in futures]
+    assert {r.queue_id for r in earlier} == {r.queue_id for r in batch}
+    assert [r.queue_offset for r in batch] == list(range(batch[0].queue_offset, batch[0].queue_offset + 10))
+    assert batch[0].queue_offset > max(r.queue_offset for r in earlier)

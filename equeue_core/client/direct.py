@@ -19,7 +19,7 @@ from typing import Any
 
 from equeue_core.client.connection import BrokerConnection, raise_for_error, signed_header
 from equeue_core.contracts import BlockingClientConnection
-from equeue_core.frame import Frame
+from equeue_core.frame import FLAG_ERROR, Frame
 from equeue_core.plugins import get_plugin_manager
 
 
@@ -47,14 +47,16 @@ class DirectConnection:
                     timeout: float) -> Frame | None:
         """The response (typed EQueueError for an error response, TransportError subclasses for
         a lost connection or a timeout), or None without sending if another thread holds this
-        connection or it is closed."""
+        connection or it is closed. `code` is an int (a Code member is one)."""
         if self._closed or not self._lock.acquire(blocking=False):
             return None
         try:
             if self._closed:
                 return None
-            frame = Frame(int(code), 0, 0, signed_header(self._credentials, code, header, body), body)
-            return raise_for_error(self._conn.request(frame, timeout))
+            if self._credentials is not None:
+                header = signed_header(self._credentials, code, header, body)
+            response = self._conn.request(Frame(code, 0, 0, header or {}, body), timeout)
+            return raise_for_error(response) if response.flags & FLAG_ERROR else response
         finally:
             self._lock.release()
 

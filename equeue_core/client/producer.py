@@ -23,7 +23,7 @@ from equeue_core.client.credentials import credentials
 from equeue_core.client.direct import DirectConnection
 from equeue_core.client.fault import LatencyFaultTolerance
 from equeue_core.client.loop import background_loop, run_sync
-from equeue_core.client.message import Message, SendResult
+from equeue_core.client.message import Message, SendResult, append_record, append_records
 from equeue_core.client.routing import DEFAULT_ROUTE_REFRESH_S, BrokerQueue, ClusterRouter, writable_queues
 from equeue_core.codes import Code
 from equeue_core.errors import (
@@ -40,6 +40,7 @@ from equeue_core.plugins import get_plugin_manager
 log = logging.getLogger("equeue.producer")
 
 ROUTE_TTL_S = 30.0
+_SEND = int(Code.SEND)
 MAX_FRAME_BODY = 15 * 1024 * 1024
 
 
@@ -53,12 +54,14 @@ class _Route:
     fetched: float
 
 
-@dataclass
+@dataclass(slots=True)
 class _OpenBatch:
     queue: Any = None  # the queue id (a BrokerQueue with nameserver=) the whole batch goes to
-    parts: list[bytes] = field(default_factory=list)
+    parts: list[bytes] = field(default_factory=list)  # the records' buffers (message.append_records)
     size: int = 0
+    count: int = 0  # messages in the batch
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    answer: _BatchAnswer | None = None  # set just before future's result: read without its lock
 
 
 @dataclass(slots=True)
@@ -77,35 +80,42 @@ class _BatchAnswer:
                           self.first_offset + i, self.broker)
 
     def results(self) -> list[SendResult]:
-        return [self.result(i) for i in range(len(self.positions))]
+        prefix, topic, queue_id, first, broker = (self.id_prefix, self.topic, self.queue_id,
+                                                  self.first_offset, self.broker)
+        return [SendResult(f"{prefix}{p:016X}", topic, queue_id, first + i, broker)
+                for i, p in enumerate(self.positions)]
 
 
 class SendFuture:
     """The future of one automatically batched message. Messages of a batch share one
     underlying future, so batching does not cost a future (or a result object) per message
     until someone asks for it. Offers result(), exception(), done(), add_done_callback() like
-    concurrent.futures.Future, and can be awaited from asyncio code."""
+    concurrent.futures.Future, and can be awaited from asyncio code. A result asked for once the
+    batch is answered comes from the batch's answer directly (no lock, no wait)."""
 
     __slots__ = ("_batch", "_index")
 
-    def __init__(self, batch: concurrent.futures.Future, index: int) -> None:
+    def __init__(self, batch: _OpenBatch, index: int) -> None:
         self._batch = batch
         self._index = index
 
     def result(self, timeout: float | None = None) -> SendResult:
-        return self._batch.result(timeout).result(self._index)
+        answer = self._batch.answer
+        if answer is None:
+            answer = self._batch.future.result(timeout)
+        return answer.result(self._index)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        return self._batch.exception(timeout)
+        return self._batch.future.exception(timeout)
 
     def done(self) -> bool:
-        return self._batch.done()
+        return self._batch.future.done()
 
     def add_done_callback(self, fn: Any) -> None:
-        self._batch.add_done_callback(lambda _f: fn(self))
+        self._batch.future.add_done_callback(lambda _f: fn(self))
 
     def __await__(self):
-        answer = yield from asyncio.wrap_future(self._batch).__await__()
+        answer = yield from asyncio.wrap_future(self._batch.future).__await__()
         return answer.result(self._index)
 
 
@@ -209,21 +219,24 @@ class AsyncProducer:
         pinned = routing_key is not None
         queue = self._select(route, routing_key) if pinned or self._router is not None else None
         # the broker stamps the queue id into every record it stores, so 0 is fine until then
-        rec = message.encode(0 if queue is None else queue if isinstance(queue, int) else queue.queue_id)
+        parts: list[bytes] = []
+        size = append_record(parts, message, 0 if queue is None else queue if isinstance(queue, int) else queue.queue_id,
+                             time.time_ns() // 1_000_000)
         key = (message.topic, queue, pinned)
-        with self._room:
+        with self._lock:  # the lock of self._room (its own __enter__ is a Python-level call)
             while self._pending >= self.max_in_flight:
                 if not self._room.wait(self.send_timeout):
                     raise BrokerBusyError(f"{self._pending} messages waiting to be sent; the broker is not keeping up")
             self._pending += 1
             batch = self._open.get(key)
             new = batch is None
-            idle = key not in self._in_flight
-            if batch is None:
+            if new:
+                idle = key not in self._in_flight
                 batch = self._open[key] = _OpenBatch(self._select(route, None) if queue is None else queue)
-            index = len(batch.parts)
-            batch.parts.append(rec)
-            batch.size += len(rec)
+            index = batch.count
+            batch.count = index + 1
+            batch.parts += parts
+            batch.size += size
             full = batch.size >= self.max_batch_bytes
             if full:
                 del self._open[key]
@@ -236,7 +249,7 @@ class AsyncProducer:
                 loop.call_soon_threadsafe(self._arm_linger, key, batch)
             else:
                 loop.call_soon_threadsafe(self._linger_expired, key, batch)
-        return SendFuture(batch.future, index)
+        return SendFuture(batch, index)
 
     def _arm_linger(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
         assert self._loop is not None
@@ -272,15 +285,18 @@ class AsyncProducer:
 
     async def _send_open_batch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
         topic, _, pinned = key
+        body = b"".join(batch.parts)
+        batch.parts = []  # the futures keep the batch: not its bytes
         try:
-            answer = await self._send_frame(topic, batch.queue, b"".join(batch.parts), {}, pinned)
+            answer = await self._send_frame(topic, batch.queue, body, {}, pinned)
         except BaseException as e:
-            self._release(len(batch.parts))
+            self._release(batch.count)
             batch.future.set_exception(e)
             if isinstance(e, asyncio.CancelledError):
                 raise
             return
-        self._release(len(batch.parts))
+        self._release(batch.count)
+        batch.answer = answer
         batch.future.set_result(answer)
 
     def _release(self, n: int) -> None:
@@ -397,25 +413,33 @@ class AsyncProducer:
         by_topic: dict[str, list[int]] = {}
         for i, m in enumerate(messages):
             by_topic.setdefault(m.topic, []).append(i)
+        pinned = routing_key is not None
+        if len(by_topic) == 1:  # the usual call: one topic, and (under MAX_FRAME_BODY) one frame
+            topic = messages[0].topic
+            route = await self.route(topic)
+            queue = self._select(route, routing_key)
+            parts: list[bytes] = []
+            if append_records(parts, messages, queue if isinstance(queue, int) else queue.queue_id) <= MAX_FRAME_BODY:
+                return (await self._send_frame(topic, queue, b"".join(parts), {}, pinned)).results()
         results: list[SendResult | None] = [None] * len(messages)
         for topic, idxs in by_topic.items():
             route = await self.route(topic)
             queue = self._select(route, routing_key)
             queue_id = queue if isinstance(queue, int) else queue.queue_id
-            pinned = routing_key is not None
             chunk: list[bytes] = []
             chunk_idx: list[int] = []
             size = 0
             for i in idxs:
-                rec = messages[i].encode(queue_id)
-                if chunk and size + len(rec) > MAX_FRAME_BODY:
+                rec: list[bytes] = []
+                n = append_records(rec, (messages[i],), queue_id)
+                if chunk and size + n > MAX_FRAME_BODY:
                     answer = await self._send_frame(topic, queue, b"".join(chunk), {}, pinned)
                     for j, r in zip(chunk_idx, answer.results(), strict=True):
                         results[j] = r
                     chunk, chunk_idx, size = [], [], 0
-                chunk.append(rec)
+                chunk += rec
                 chunk_idx.append(i)
-                size += len(rec)
+                size += n
             answer = await self._send_frame(topic, queue, b"".join(chunk), {}, pinned)
             for j, r in zip(chunk_idx, answer.results(), strict=True):
                 results[j] = r
@@ -476,10 +500,15 @@ class Producer:
     def send_async(self, message: Message, routing_key: str | None = None,
                    linger: bool = True) -> SendFuture | concurrent.futures.Future:
         """Queue a message for the next batch; the future gives its SendResult."""
-        self._check()
+        if not self._started:
+            self._check()
         if message.delay_level is not None or message.deliver_at is not None:
             return asyncio.run_coroutine_threadsafe(self._async.send(message, routing_key), background_loop())
-        return self._async._enqueue(self._route(message.topic), message, routing_key, linger)
+        a = self._async
+        route = a._routes.get(message.topic)
+        if route is None or time.monotonic() - route.fetched > a.route_ttl:
+            route = self._route(message.topic)
+        return a._enqueue(route, message, routing_key, linger)
 
     def send(self, message: Message, routing_key: str | None = None, timeout: float | None = None) -> SendResult:
         """Send one message and wait for its result (no linger: it leaves at once).
@@ -506,37 +535,84 @@ class Producer:
 
     def _send_direct(self, direct: DirectConnection, message: Message, routing_key: str | None,
                      timeout: float | None) -> SendResult | None:
-        """One SEND over the direct connection, retried like the loop path's (`retries` times on a
-        transport failure; a timed-out send may have been stored, so at least once). None: use the
-        loop path (see send)."""
+        """`send` over the direct connection; None: use the loop path (see send). The hot path of a
+        caller that sends one by one: no asyncio, no Frame or route objects beyond the request."""
         a = self._async
         if a._pending:  # read without the lock: a stale non-zero only costs the loop path
             return None
-        route = self._route(message.topic)
-        queue_id = a._select(route, routing_key)
-        body = message.encode(queue_id)
-        header = {"topic": message.topic, "queue_id": queue_id}
+        topic = message.topic
+        queue_id = self._direct_queue(topic, routing_key)
+        parts: list[bytes] = []
+        append_record(parts, message, queue_id, time.time_ns() // 1_000_000)
+        h = self._request_direct(direct, topic, queue_id, b"".join(parts), timeout)
+        if h is None:
+            return None
+        return SendResult(f"{h['id_prefix']}{h['positions'][0]:016X}", topic, queue_id, h["first_offset"])
+
+    def _send_batch_direct(self, direct: DirectConnection, messages: Sequence[Message],
+                           routing_key: str | None) -> list[SendResult] | None:
+        """`send_batch` of one topic, in one frame, over the direct connection (the same request
+        the loop path makes, without the two thread hops); None: use the loop path (another
+        thread holds the connection, send_async messages are unacknowledged, several topics,
+        a delayed message, over MAX_FRAME_BODY)."""
+        a = self._async
+        if a._pending:
+            return None
+        topic = messages[0].topic
+        for m in messages:
+            if m.topic != topic or m.delay_level is not None or m.deliver_at is not None:
+                return None
+        queue_id = self._direct_queue(topic, routing_key)
+        parts: list[bytes] = []
+        if append_records(parts, messages, queue_id) > MAX_FRAME_BODY:
+            return None
+        h = self._request_direct(direct, topic, queue_id, b"".join(parts), None)
+        if h is None:
+            return None
+        return _BatchAnswer(topic, queue_id, h["id_prefix"], h["first_offset"], h["positions"]).results()
+
+    def _direct_queue(self, topic: str, routing_key: str | None) -> int:
+        """The queue id a direct send goes to (one broker: the selectors of AsyncProducer._select)."""
+        a = self._async
+        route = a._routes.get(topic)
+        if route is None or time.monotonic() - route.fetched > a.route_ttl:
+            route = self._route(topic)
+        if routing_key is None:
+            return a._default_selector.select(route.queues, None)
+        return a._hash_selector.select(route.queues, routing_key)
+
+    def _request_direct(self, direct: DirectConnection, topic: str, queue_id: int, body: bytes,
+                        timeout: float | None) -> dict[str, Any] | None:
+        """One SEND over the direct connection, retried like the loop path's (`retries` times on a
+        transport failure, the last failure's type kept: RequestTimeoutError, ConnectionLostError,
+        ...; a timed-out send may have been stored, so at least once). The answer's header, or
+        None if the direct connection is busy or closed."""
+        a = self._async
+        header = {"topic": topic, "queue_id": queue_id}
         attempt = 0
         while True:
             try:
-                resp = direct.try_request(Code.SEND, header, body, timeout or a.send_timeout)
-                break
+                resp = direct.try_request(_SEND, header, body, timeout or a.send_timeout)
+                return None if resp is None else resp.header
             except TransportError as e:
                 attempt += 1
                 if attempt > a.retries:
-                    raise TransportError(f"send to {message.topic}/{queue_id} failed after {attempt} tries: {e}") from e
+                    raise type(e)(f"send to {topic}/{queue_id} failed after {attempt} tries: {e}", **e.details) from e
                 time.sleep(0.1 * attempt)
-        if resp is None:
-            return None
-        h = resp.header
-        return SendResult(f"{h['id_prefix']}{h['positions'][0]:016X}", message.topic, queue_id, h["first_offset"])
 
     def send_oneway(self, message: Message, routing_key: str | None = None) -> None:
         """Send without waiting for (or reporting) the result."""
         self.send_async(message, routing_key)
 
     def send_batch(self, messages: Sequence[Message], routing_key: str | None = None) -> list[SendResult]:
+        """Send messages as few frames as possible and wait for their results (in the order
+        given); see AsyncProducer.send_batch. Like `send`, a batch of one topic goes over the
+        direct connection in the calling thread when there is one and nothing else is in flight."""
         self._check()
+        if self._direct is not None and messages:
+            results = self._send_batch_direct(self._direct, messages, routing_key)
+            if results is not None:
+                return results
         return run_sync(self._async.send_batch(messages, routing_key))
 
     def flush(self) -> None:

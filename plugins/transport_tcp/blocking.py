@@ -12,7 +12,9 @@ Guarantees:
   FrameTooLargeError (nothing written).
 - After a timeout or a lost connection the socket is closed (its byte stream may be out of step);
   the next request connects again. A connection the server closed while idle (idle_timeout) is
-  noticed before writing, so the request goes out on a fresh connection instead of failing.
+  noticed before writing, so the request goes out on a fresh connection instead of failing: that
+  check (one non-blocking peek) is made when the connection was idle for STALE_CHECK_AFTER_S, not
+  before every request of a busy sender (a server closes only connections idle far longer).
 - Push frames and responses to earlier, timed-out request ids are read and dropped.
 - Not thread-safe: the owner serializes requests (equeue_core.client.direct does).
 """
@@ -32,6 +34,8 @@ from equeue_core.contracts import TransportSettings
 from equeue_core.errors import ConnectionLostError, EQueueError, RequestTimeoutError, TransportError
 
 RECV_SIZE = 64 * 1024
+STALE_CHECK_AFTER_S = 0.2  # idle this long: peek for a close by the server before writing
+_PEEK = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)  # an int: or-ing the enum flags per call costs ~2 us
 
 
 class BlockingTcpConnection:
@@ -47,7 +51,10 @@ class BlockingTcpConnection:
         self._ids = itertools.count(1)
         self._sock: socket.socket | None = None
         self._timeout: float | None = None  # the socket's current timeout
-        self._buf = bytearray()
+        self._buf = bytearray()  # received bytes not yet cut into frames (normally empty)
+        self._rbuf = bytearray(RECV_SIZE)  # what recv_into fills
+        self._rview = memoryview(self._rbuf)
+        self._used = 0.0  # time.monotonic() of the last response
 
     @property
     def connected(self) -> bool:
@@ -77,7 +84,7 @@ class BlockingTcpConnection:
         if isinstance(sock, ssl.SSLSocket):
             return False
         try:
-            return not sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            return not sock.recv(1, _PEEK)
         except BlockingIOError:
             return False  # nothing to read: the usual case
         except OSError:
@@ -88,23 +95,28 @@ class BlockingTcpConnection:
         request_id = next(self._ids)
         frame.request_id = request_id
         frame.flags &= ~(wire.FLAG_ONEWAY | wire.FLAG_RESPONSE | wire.FLAG_PUSH)
-        data = wire.encode_bytes(frame, self.settings.max_frame_size)  # FrameTooLargeError: nothing sent
-        if self._sock is not None and self._stale(self._sock):
+        buffers = wire.encode(frame, self.settings.max_frame_size)  # FrameTooLargeError: nothing sent
+        now = time.monotonic()
+        sock = self._sock
+        if sock is not None and now - self._used > STALE_CHECK_AFTER_S and self._stale(sock):
             self.close()
-        if self._sock is None:
+            sock = None
+        if sock is None:
             try:
                 self.connect()
             except TransportError as e:
                 raise ConnectionLostError(str(e)) from None
-        sock = self._sock
-        assert sock is not None
-        deadline = time.monotonic() + timeout
+            sock = self._sock
+            assert sock is not None
+        deadline = now + timeout
         try:
-            self._set_timeout(sock, timeout)
-            sock.sendall(data)
+            if timeout != self._timeout:
+                self._set_timeout(sock, timeout)
+            self._write(sock, buffers)
             while True:
                 response = self._read_frame(sock, deadline)
                 if response.request_id == request_id and not response.flags & wire.FLAG_PUSH:
+                    self._used = time.monotonic()
                     return response
         except (TimeoutError, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO ran out
             self.close()
@@ -132,8 +144,31 @@ class BlockingTcpConnection:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
         self._timeout = timeout
 
+    @staticmethod
+    def _write(sock: socket.socket, buffers: list) -> None:
+        """Write the frame's buffers (head+header, body) without joining them: one sendmsg, and
+        sendall for whatever the kernel did not take (a TLS socket joins them)."""
+        if isinstance(sock, ssl.SSLSocket) or len(buffers) == 1:
+            sock.sendall(b"".join(buffers) if len(buffers) > 1 else buffers[0])
+            return
+        sent = sock.sendmsg(buffers)
+        total = len(buffers[0]) + len(buffers[1])
+        if sent < total:
+            sock.sendall(b"".join(buffers)[sent:])
+
     def _read_frame(self, sock: socket.socket, deadline: float) -> wire.Frame:
         buf = self._buf
+        if not buf:
+            # The usual answer: one recv brings exactly one whole frame. It is decoded from a copy
+            # of just its bytes (the Frame may keep its body), with no bytearray in between.
+            n = sock.recv_into(self._rbuf)
+            if not n:
+                raise ConnectionLostError(f"connection to {self.address} closed by the server")
+            view = self._rview
+            if n >= wire.LENGTH_SIZE and wire.frame_length(view[:wire.LENGTH_SIZE],
+                                                          self.settings.max_frame_size) + wire.LENGTH_SIZE == n:
+                return wire.decode(view[:n].tobytes())
+            buf += view[:n]
         need = 0
         while True:
             if not need and len(buf) >= wire.LENGTH_SIZE:
