@@ -97,9 +97,13 @@ def test_a_refused_client_gets_handshake_refused_at_once_and_stores_nothing(curv
         with Producer(curve_broker.address, send_timeout=600, retries=0, **credentials) as p:
             p.send_batch([Message("curve.refused", b"sneaky")])
     assert stored(curve_broker, keys, "curve.refused") == 0
-    logged = {"unknown client key": "not allowed, handshake refused", "plaintext client": "mechanism mismatch",
-              "wrong server key": "cryptographic failure"}[case]
-    assert wait_until(lambda: logged in curve_broker.log_path.read_text(), 10), curve_broker.log_path.read_text()
+    # A plaintext client sees the mismatch in the greeting too and may hang up before the broker's
+    # monitor reports it: the broker then logs that the peer closed during the handshake.
+    logged = {"unknown client key": ["not allowed, handshake refused"],
+              "plaintext client": ["mechanism mismatch", "the peer closed during the handshake"],
+              "wrong server key": ["cryptographic failure"]}[case]
+    assert wait_until(lambda: any(w in curve_broker.log_path.read_text() for w in logged), 10), \
+        curve_broker.log_path.read_text()
 
 
 def test_an_impostor_with_an_allowed_public_key_but_another_secret_is_refused(curve_broker, keys):

@@ -2,7 +2,8 @@
 store), driven through the public client API (`equeue_core.client`).
 
 produce: `send_batch` of 1000 and `send_async` (auto batching); consume: one Consumer at its
-default settings draining a backlog; latency: `send_async` paced, a Consumer in another process;
+default settings draining a backlog; latency: `send` paced (each waits for its acknowledgement, as XADD does) and `send_async`
+paced (as the NATS and RabbitMQ senders, which do not wait), a Consumer in another process;
 single: `send` waiting for each answer. Durability: flush=async (fsync every flush_interval_ms)
 and flush=sync (a send is answered after its data is durable).
 """
@@ -22,6 +23,9 @@ from bench.peers.common import chunks, latency_ms, paced, rate_row, stamp, summa
 SYSTEMS = ["equeue"]
 PRODUCE_MODES = ["batch", "async"]
 SERVER_VARIANTS = [{"flush": "async"}, {"flush": "sync"}]  # sync: produce and single sends only
+# Latency rows only EQueue has: (mode, sender's thread spins, the Producer call); the table
+# compares them with the peers' row of the same sender behaviour.
+EXTRA_LATENCY_MODES = [("sleep-send_async", False, "send_async")]
 
 
 def durability(system: str, opts: dict) -> str:
@@ -107,7 +111,7 @@ def single(info: dict, system: str, name: str, size: int, count: int, budget: fl
 
 
 def latency_receiver(info: dict, system: str, name: str, size: int, count: int, rate: int, seconds: float,
-                     spin: bool) -> dict:
+                     spin: bool, call: str = "send") -> dict:
     from equeue_core.client import Consumer, Message, Producer
 
     lat: list[float] = []
@@ -139,11 +143,15 @@ def latency_receiver(info: dict, system: str, name: str, size: int, count: int, 
 
 
 def latency_sender(info: dict, system: str, name: str, size: int, count: int, rate: int, seconds: float,
-                   spin: bool) -> dict:
+                   spin: bool, call: str = "send") -> dict:
+    """`send` waits for each acknowledgement, as the Redis sender's XADD does; `send_async` (the
+    EXTRA_LATENCY_MODES row) hands each message to the client's batching loop and waits only at
+    the end, as the NATS (publish_async) and RabbitMQ (no confirms) senders do not wait either."""
     from equeue_core.client import Message, Producer
 
     with Producer(info["address"]) as p:
         p.send(Message(name, warmup_body(size)))
-        elapsed = paced(count, rate, spin, lambda i: p.send_async(Message(name, stamp(size))))
+        send = p.send if call == "send" else p.send_async
+        elapsed = paced(count, rate, spin, lambda i: send(Message(name, stamp(size))))
         p.flush()
     return rate_row(count, elapsed)

@@ -58,6 +58,9 @@ def _ratio_specs() -> list[tuple[str, tuple, tuple, bool]]:
         for stat in ("p50_ms", "p99_ms"):
             specs.append((f"latency {stat[:3]} paced, sender {mode}s (peer / EQueue)",
                           ("latency", mode, 100, "async", stat), ("latency", mode, 100, None, stat), True))
+    for stat in ("p50_ms", "p99_ms"):  # EQueue's send_async sender against the peers' sleeping one
+        specs.append((f"latency {stat[:3]} paced, sender sleeps, EQueue send_async (peer / EQueue)",
+                      ("latency", "sleep-send_async", 100, "async", stat), ("latency", "sleep", 100, None, stat), True))
     return specs
 
 
@@ -164,11 +167,16 @@ def run_system(driver: str, mod, system: str, info: dict, opts: dict, args: argp
         name, count = produced[100]
         record({"workload": "consume", "mode": "drain", "size": 100},
                run_role, driver, "consume", {**common, "name": name, "count": count})
+    n = int(args.rate * args.latency_seconds)
     for mode in ("sleep", "spin"):
-        n = int(args.rate * args.latency_seconds)
         record({"workload": "latency", "mode": mode, "size": 100, "rate": args.rate},
                run_latency, driver, {**common, "name": f"lat{mode}", "size": 100, "count": n,
                                      "rate": args.rate, "seconds": args.latency_seconds, "spin": mode == "spin"})
+    for mode, spin, call in getattr(mod, "EXTRA_LATENCY_MODES", ()):
+        record({"workload": "latency", "mode": mode, "size": 100, "rate": args.rate},
+               run_latency, driver, {**common, "name": f"lat{mode.replace('-', '')}", "size": 100, "count": n,
+                                     "rate": args.rate, "seconds": args.latency_seconds, "spin": spin,
+                                     "call": call})
     record({"workload": "single", "mode": "sync-each", "size": 100},
            run_role, driver, "single", {**common, "name": "single", "size": 100, "count": args.single_count,
                                         "budget": args.budget})
