@@ -1025,7 +1025,7 @@ static PyObject *n_encode_record(PyObject *self, PyObject *const *args, Py_ssize
     Py_ssize_t topic_len, tag_len = 0, nkeys = 0, keys_len = 0, props_len = 0;
     const char *topic_b, *tag_b = NULL;
     PyObject *const *key_items = NULL;
-    PyObject *props_b = NULL, *out = NULL;
+    PyObject *props_b = NULL, *out = NULL, *keys_t = NULL;
     /* Only the plain cases here: str topic/tag/keys that encode, a dict of properties, bytes or
      * bytearray body, ints in range; Python does (and words the errors of) everything else. */
     if (!PyUnicode_CheckExact(topic) || (tag != NULL && tag != Py_None && !PyUnicode_CheckExact(tag))
@@ -1037,6 +1037,13 @@ static PyObject *n_encode_record(PyObject *self, PyObject *const *args, Py_ssize
         goto fallback;
     if (keys != NULL && !ints_from_sequence(keys, &nkeys, &key_items))
         goto fallback;
+    if (nkeys > 0 && PyList_CheckExact(keys)) {
+        /* a tuple copy: tag_hash (Python) runs below, and meanwhile the list could change */
+        if ((keys_t = PyList_AsTuple(keys)) == NULL)
+            return NULL;
+        nkeys = PyTuple_GET_SIZE(keys_t);
+        key_items = (PyObject *const *)((PyTupleObject *)keys_t)->ob_item;
+    }
     if ((topic_b = PyUnicode_AsUTF8AndSize(topic, &topic_len)) == NULL)
         goto fallback_clear;
     if (tag != NULL && tag != Py_None && PyUnicode_GET_LENGTH(tag) > 0
@@ -1048,7 +1055,7 @@ static PyObject *n_encode_record(PyObject *self, PyObject *const *args, Py_ssize
             goto fallback;
         if (PyUnicode_FindChar(key_items[i], 0x1F, 0, PyUnicode_GET_LENGTH(key_items[i]), 1) != -1) {
             raise_msg(InvalidMessageError, PyUnicode_FromString("a key may not contain the 0x1F separator"));
-            return NULL;
+            goto error;
         }
         if (PyUnicode_AsUTF8AndSize(key_items[i], &n) == NULL)
             goto fallback_clear;
@@ -1058,7 +1065,7 @@ static PyObject *n_encode_record(PyObject *self, PyObject *const *args, Py_ssize
         PyObject *const one[1] = {props};
         props_b = call_fallback(FB_PROPS_ENCODE, one, 1, NULL);
         if (props_b == NULL)
-            return NULL;
+            goto error;
         if (!PyBytes_CheckExact(props_b)) {
             Py_DECREF(props_b);
             goto fallback;
@@ -1117,9 +1124,11 @@ static PyObject *n_encode_record(PyObject *self, PyObject *const *args, Py_ssize
     p += props_len;
     memcpy(p, body_b, (size_t)body_len);
     Py_XDECREF(props_b);
+    Py_XDECREF(keys_t);
     return out;
 error:
     Py_XDECREF(props_b);
+    Py_XDECREF(keys_t);
     return NULL;
 fallback_clear:
     PyErr_Clear();
@@ -1127,6 +1136,7 @@ fallback_clear:
 fallback_props:
     Py_XDECREF(props_b);
 fallback:
+    Py_XDECREF(keys_t);
     return call_fallback(FB_ENCODE_RECORD, args, nargs, kwnames);
 }
 
