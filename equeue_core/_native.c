@@ -322,8 +322,8 @@ static int as_i64(PyObject *obj, int64_t *out)
     return 1;
 }
 
-/* A list or tuple of ints read into C: as_ints(seq, n, kind) with kind 's' (Py_ssize_t) or 'u'
- * (uint64). Returns 0 (no error set) if seq is anything else or an item does not convert. */
+/* The items of an exact list or tuple (borrowed, valid while no Python code runs), or 0 (no error
+ * set) if seq is anything else: then the caller hands the call to Python. */
 static int ints_from_sequence(PyObject *seq, Py_ssize_t *n_out, PyObject *const **items_out)
 {
     if (PyList_CheckExact(seq)) {
