@@ -6,7 +6,7 @@
 For each body size, a batch of --records records goes through what the broker does per producer
 batch (scan with the topic and body checks, stamp_batch with its crc, index_entries), what a
 verified read does (damage per record; crc_spans for the whole batch) and what the consumer does
-(client decode_batch). Both implementations alternate round by round; the best round's CPU time
+(client decode_batch), and the producer's encode_record per message. Both implementations alternate round by round; the best round's CPU time
 (time.process_time) per record is printed as one JSON line per function and size, with the ratio.
 
 --broker: a real broker process (file store, tcp, flush=async) per implementation and round
@@ -44,6 +44,8 @@ def _cases(impl: dict, template: bytearray, reps: int) -> dict:
     copies = [bytearray(template) for _ in range(reps)]
     scan, stamp, entries = impl["scan"], impl["stamp_batch"], impl["index_entries"]
     damage, spans, decode = impl["damage"], impl["crc_spans"], impl["decode_batch"]
+    encode = impl["encode_record"]
+    body = record.decode(frozen, 0).body
 
     def run_scan() -> None:
         for _ in range(reps):
@@ -70,7 +72,12 @@ def _cases(impl: dict, template: bytearray, reps: int) -> dict:
         for _ in range(reps):
             decode(frozen, "C0A80001")
 
-    return {"scan": run_scan, "stamp_batch": run_stamp, "index_entries": run_entries, "damage": run_damage,
+    def run_encode() -> None:
+        for _ in range(reps):
+            for _ in starts:
+                encode("bench", body, "tag", ["k1"], None)
+
+    return {"encode_record": run_encode, "scan": run_scan, "stamp_batch": run_stamp, "index_entries": run_entries, "damage": run_damage,
             "crc_spans": run_spans, "decode_batch": run_decode}
 
 

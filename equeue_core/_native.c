@@ -87,6 +87,57 @@ static uint32_t crc32c_table(uint32_t crc, const uint8_t *p, size_t n)
 }
 
 #ifdef EQ_HAVE_SSE42_PATH
+/* The crc32 instruction has a latency of 3 cycles and a throughput of 1: three independent lanes
+ * of LANE bytes run at once, then the lane crcs are combined. The register after n zero bytes is a
+ * linear function of the register before (a multiplication by x^8n mod P), tabulated per byte
+ * for n = LANE and LONG_LANE. Reaching B's end from A's: R(a, B) = shift(a) ^ R(0, B). */
+#define LANE 128         /* records of a few hundred bytes and up */
+#define LONG_LANE 4096   /* whole chunks: the combine step costs less per byte */
+static uint32_t shift_lane[4][256], shift_long_lane[4][256];
+
+static void shift_table_init(uint32_t table[4][256], int lane)
+{
+    /* linear: shift each of the 32 register bits through `lane` zero bytes, then XOR them per entry */
+    uint32_t basis[32];
+    for (int bit = 0; bit < 32; bit++) {
+        uint32_t r = (uint32_t)1 << bit;
+        for (int z = 0; z < lane; z++)
+            r = crc_table[0][r & 0xFF] ^ (r >> 8);
+        basis[bit] = r;
+    }
+    for (int k = 0; k < 4; k++) {
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t r = 0;
+            for (int bit = 0; bit < 8; bit++)
+                if (i & (1u << bit))
+                    r ^= basis[8 * k + bit];
+            table[k][i] = r;
+        }
+    }
+}
+
+static inline uint32_t shift_by(uint32_t table[4][256], uint32_t x)
+{
+    return table[0][x & 0xFF] ^ table[1][(x >> 8) & 0xFF] ^ table[2][(x >> 16) & 0xFF] ^ table[3][x >> 24];
+}
+
+/* Three lanes of `lane` bytes from p, starting from register c; returns the register after them. */
+__attribute__((target("sse4.2")))
+static inline uint64_t crc_three_lanes(uint64_t c, const uint8_t *p, size_t lane, uint32_t table[4][256])
+{
+    uint64_t a = c, b = 0, d = 0;
+    for (size_t i = 0; i < lane; i += 8) {
+        uint64_t wa, wb, wd;
+        memcpy(&wa, p + i, 8);
+        memcpy(&wb, p + lane + i, 8);
+        memcpy(&wd, p + 2 * lane + i, 8);
+        a = _mm_crc32_u64(a, wa);
+        b = _mm_crc32_u64(b, wb);
+        d = _mm_crc32_u64(d, wd);
+    }
+    return shift_by(table, shift_by(table, (uint32_t)a) ^ (uint32_t)b) ^ (uint32_t)d;
+}
+
 __attribute__((target("sse4.2")))
 static uint32_t crc32c_sse42(uint32_t crc, const uint8_t *p, size_t n)
 {
@@ -95,6 +146,10 @@ static uint32_t crc32c_sse42(uint32_t crc, const uint8_t *p, size_t n)
         c = _mm_crc32_u8((uint32_t)c, *p++);
         n--;
     }
+    for (; n >= 3 * LONG_LANE; p += 3 * LONG_LANE, n -= 3 * LONG_LANE)
+        c = crc_three_lanes(c, p, LONG_LANE, shift_long_lane);
+    for (; n >= 3 * LANE; p += 3 * LANE, n -= 3 * LANE)
+        c = crc_three_lanes(c, p, LANE, shift_lane);
     while (n >= 8) {
         uint64_t w;
         memcpy(&w, p, 8);
@@ -117,6 +172,8 @@ static void crc_select(void)
 #ifdef EQ_HAVE_SSE42_PATH
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2")) {
+        shift_table_init(shift_lane, LANE);
+        shift_table_init(shift_long_lane, LONG_LANE);
         crc32c_fn = crc32c_sse42;
         crc32c_name = "sse4.2";
     }
@@ -265,8 +322,8 @@ static int as_i64(PyObject *obj, int64_t *out)
     return 1;
 }
 
-/* A list or tuple of ints read into C: as_ints(seq, n, kind) with kind 's' (Py_ssize_t) or 'u'
- * (uint64). Returns 0 (no error set) if seq is anything else or an item does not convert. */
+/* The items of an exact list or tuple (borrowed, valid while no Python code runs), or 0 (no error
+ * set) if seq is anything else: then the caller hands the call to Python. */
 static int ints_from_sequence(PyObject *seq, Py_ssize_t *n_out, PyObject *const **items_out)
 {
     if (PyList_CheckExact(seq)) {
@@ -968,7 +1025,7 @@ static PyObject *n_encode_record(PyObject *self, PyObject *const *args, Py_ssize
     Py_ssize_t topic_len, tag_len = 0, nkeys = 0, keys_len = 0, props_len = 0;
     const char *topic_b, *tag_b = NULL;
     PyObject *const *key_items = NULL;
-    PyObject *props_b = NULL, *out = NULL;
+    PyObject *props_b = NULL, *out = NULL, *keys_t = NULL;
     /* Only the plain cases here: str topic/tag/keys that encode, a dict of properties, bytes or
      * bytearray body, ints in range; Python does (and words the errors of) everything else. */
     if (!PyUnicode_CheckExact(topic) || (tag != NULL && tag != Py_None && !PyUnicode_CheckExact(tag))
@@ -980,6 +1037,13 @@ static PyObject *n_encode_record(PyObject *self, PyObject *const *args, Py_ssize
         goto fallback;
     if (keys != NULL && !ints_from_sequence(keys, &nkeys, &key_items))
         goto fallback;
+    if (nkeys > 0 && PyList_CheckExact(keys)) {
+        /* a tuple copy: tag_hash (Python) runs below, and meanwhile the list could change */
+        if ((keys_t = PyList_AsTuple(keys)) == NULL)
+            return NULL;
+        nkeys = PyTuple_GET_SIZE(keys_t);
+        key_items = (PyObject *const *)((PyTupleObject *)keys_t)->ob_item;
+    }
     if ((topic_b = PyUnicode_AsUTF8AndSize(topic, &topic_len)) == NULL)
         goto fallback_clear;
     if (tag != NULL && tag != Py_None && PyUnicode_GET_LENGTH(tag) > 0
@@ -991,7 +1055,7 @@ static PyObject *n_encode_record(PyObject *self, PyObject *const *args, Py_ssize
             goto fallback;
         if (PyUnicode_FindChar(key_items[i], 0x1F, 0, PyUnicode_GET_LENGTH(key_items[i]), 1) != -1) {
             raise_msg(InvalidMessageError, PyUnicode_FromString("a key may not contain the 0x1F separator"));
-            return NULL;
+            goto error;
         }
         if (PyUnicode_AsUTF8AndSize(key_items[i], &n) == NULL)
             goto fallback_clear;
@@ -1001,7 +1065,7 @@ static PyObject *n_encode_record(PyObject *self, PyObject *const *args, Py_ssize
         PyObject *const one[1] = {props};
         props_b = call_fallback(FB_PROPS_ENCODE, one, 1, NULL);
         if (props_b == NULL)
-            return NULL;
+            goto error;
         if (!PyBytes_CheckExact(props_b)) {
             Py_DECREF(props_b);
             goto fallback;
@@ -1060,9 +1124,11 @@ static PyObject *n_encode_record(PyObject *self, PyObject *const *args, Py_ssize
     p += props_len;
     memcpy(p, body_b, (size_t)body_len);
     Py_XDECREF(props_b);
+    Py_XDECREF(keys_t);
     return out;
 error:
     Py_XDECREF(props_b);
+    Py_XDECREF(keys_t);
     return NULL;
 fallback_clear:
     PyErr_Clear();
@@ -1070,6 +1136,7 @@ fallback_clear:
 fallback_props:
     Py_XDECREF(props_b);
 fallback:
+    Py_XDECREF(keys_t);
     return call_fallback(FB_ENCODE_RECORD, args, nargs, kwnames);
 }
 

@@ -146,9 +146,11 @@ def test_native_crc32c_equals_the_crc32c_package_on_every_length_and_alignment()
         assert "native" not in IMPLS
         return
     rng = random.Random(15)
-    data = rng.randbytes(4096 + 64)
+    data = rng.randbytes(24583 + 64)
     mv = memoryview(data)
-    for length in [*range(0, 130), 255, 256, 257, 1000, 1023, 1024, 4095, 4096]:
+    # every short length; around the three-lane blocks (3 x 128 and 3 x 4096 bytes) of the SSE4.2 path
+    for length in [*range(0, 130), 255, 256, 257, *range(376, 400), *range(760, 776), 1000, 1023, 1024, 1151,
+                   1152, 1153, 4095, 4096, *range(12280, 12300), 24576, 24583]:
         for offset in range(0, 9):
             piece = mv[offset:offset + length]
             want = crc32c_package.crc32c(piece)
