@@ -179,24 +179,26 @@ class HandlerPool:
             pq = jobs.get()
             if pq is None:
                 return
-            self._drain(pq)
+            if self._drain(pq):
+                continue  # it put pq back in line: this thread takes a job without a promise
             with self._lock:
                 self._idle += 1
             if self._slots == 0 and self._eager:
                 self._wake()
 
-    def _drain(self, pq: ProcessQueue) -> None:
-        """Run pq's waiting batches in order until none is left (or others wait for a thread)."""
+    def _drain(self, pq: ProcessQueue) -> bool:
+        """Run pq's waiting batches in order until none is left; True if it stopped early and put
+        pq back in line because other queues wait for a thread."""
         turns = 0
         while True:
             with self._lock:
                 if not pq.waiting or pq.dropped or self._closed or not self._keep_going():
                     pq.running -= 1
                     self._slots -= 1
-                    return
+                    return False
                 if turns and not self._jobs.empty():  # other queues wait: to the back of the line
                     self._jobs.put(pq)
-                    return
+                    return True
                 run = BatchRun(pq, pq.waiting.popleft())
                 self._running.add(run)
             turns += 1
@@ -205,7 +207,7 @@ class HandlerPool:
             handled = results.count(True)
             with self._lock:
                 if run.expired:  # expire() finished it and released the queue meanwhile
-                    return
+                    return False
                 self._running.discard(run)
                 self._count_handled(handled)
             self._finished.append(run)
