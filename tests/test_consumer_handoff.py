@@ -208,3 +208,40 @@ def test_the_next_pull_is_in_flight_while_a_full_batch_is_handled(file_broker):
         c.close()
     assert seen_pulls and seen_pulls[0] >= 2
     assert c.stats["pull_batch_peak"] <= 16
+
+
+def test_close_does_not_hang_on_a_handler_stuck_past_consume_timeout(file_broker):
+    """A handler stuck past consume_timeout: its messages count as failed (sent back) and close()
+    gives it drain_timeout, then returns and leaves the stuck thread behind. Before, close()
+    joined the worker threads without a limit and hung for as long as the handler was stuck."""
+    with Producer(file_broker.address) as p:
+        p.send(Message("stuck", b"s"))
+    release = threading.Event()
+    calls: list[int] = []
+
+    def handler(m) -> None:
+        calls.append(m.reconsume_times)
+        if m.reconsume_times == 0:
+            release.wait(60)
+
+    c = Consumer("stuck-g", file_broker.address, consume_from="first", consume_timeout=0.3,
+                 suspend_seconds=0.1, heartbeat_interval=0.5, rebalance_interval=1.0).subscribe("stuck")
+    c.start(handler)
+    closer = threading.Thread(target=lambda: run_close(c))
+    try:
+        assert wait_until(lambda: c.stats["failed"] >= 1, 30), c.stats
+        # close() must not wait for the stuck handler beyond its drain timeout
+        closer.start()
+        closer.join(45)
+        assert not closer.is_alive()
+    finally:
+        release.set()
+        if closer.ident is None:
+            closer.start()
+        closer.join(60)
+
+
+def run_close(c: Consumer) -> None:
+    from equeue_core.client.loop import run_sync
+
+    run_sync(c._async.close(drain_timeout=1.0))

@@ -76,6 +76,7 @@ class HandlerPool:
         self._idle = 0  # threads waiting for a job and not yet promised one
         self._running: set[BatchRun] = set()
         self._slots = 0  # queues a worker is on or that wait for one (sum of pq.running)
+        self._stuck = 0  # threads still inside a batch that expire() finished
         self._finished: deque[BatchRun] = deque()
         self._wake_pending = False
         self._eager = False  # closing: wake the loop for every finished batch and when idle
@@ -113,6 +114,7 @@ class HandlerPool:
             for run in list(self._running):
                 if now - run.started >= timeout:
                     run.expired = True
+                    self._stuck += 1
                     self._count_handled(run.results.count(True))
                     self._running.discard(run)
                     expired.append(run)
@@ -128,17 +130,19 @@ class HandlerPool:
 
     @property
     def busy(self) -> bool:
-        return self._slots > 0
+        """A batch runs or waits for a thread, or a thread is still stuck in an expired batch."""
+        return self._slots > 0 or self._stuck > 0
 
     async def wait_idle(self, timeout: float) -> bool:
-        """(closing) Wait until no batch runs or waits for a thread, every finished one collected;
-        False if `timeout` passed first. From here on every finished batch wakes the loop."""
+        """(closing) Wait until no batch runs or waits for a thread and no thread is stuck in an
+        expired one, every finished batch collected; False if `timeout` passed first. From here
+        on every finished batch wakes the loop."""
         self._eager = True
         deadline = time.monotonic() + timeout
         self.collect()
-        while self._slots > 0:
+        while self.busy:
             self._idle_event.clear()
-            if self._slots == 0:
+            if not self.busy:
                 break
             try:
                 await asyncio.wait_for(self._idle_event.wait(), max(0.0, deadline - time.monotonic()))
@@ -168,7 +172,7 @@ class HandlerPool:
             run = finished.popleft()
             if not run.expired:
                 self._on_done(run)
-        if self._slots == 0 and self._eager:
+        if self._eager and not self.busy:
             self._idle_event.set()
 
     # ------------------------------------------------------------ worker threads
@@ -179,24 +183,26 @@ class HandlerPool:
             pq = jobs.get()
             if pq is None:
                 return
-            self._drain(pq)
+            if self._drain(pq):
+                continue  # it put pq back in line: this thread takes a job without a promise
             with self._lock:
                 self._idle += 1
-            if self._slots == 0 and self._eager:
+            if self._eager and not self.busy:
                 self._wake()
 
-    def _drain(self, pq: ProcessQueue) -> None:
-        """Run pq's waiting batches in order until none is left (or others wait for a thread)."""
+    def _drain(self, pq: ProcessQueue) -> bool:
+        """Run pq's waiting batches in order until none is left; True if it stopped early and put
+        pq back in line because other queues wait for a thread."""
         turns = 0
         while True:
             with self._lock:
                 if not pq.waiting or pq.dropped or self._closed or not self._keep_going():
                     pq.running -= 1
                     self._slots -= 1
-                    return
+                    return False
                 if turns and not self._jobs.empty():  # other queues wait: to the back of the line
                     self._jobs.put(pq)
-                    return
+                    return True
                 run = BatchRun(pq, pq.waiting.popleft())
                 self._running.add(run)
             turns += 1
@@ -205,7 +211,8 @@ class HandlerPool:
             handled = results.count(True)
             with self._lock:
                 if run.expired:  # expire() finished it and released the queue meanwhile
-                    return
+                    self._stuck -= 1
+                    return False
                 self._running.discard(run)
                 self._count_handled(handled)
             self._finished.append(run)
