@@ -167,6 +167,7 @@ class FileMessageStore:
         # those without a second crc (see the module docstring); everything below is checked.
         self._verified_from = 1 << 63
         self._durable = 0                   # end of the last flush that succeeded
+        self._index_durable = 0             # end of the last flush that fsynced the index too
         self._checkpoint_cap = 1 << 63      # see _flush_to_disk: lowered for good by a failed fsync
         self._writer_lock = writer_lock
 
@@ -224,7 +225,7 @@ class FileMessageStore:
         with open(abort_path, "wb"):
             pass
         self._flusher.start(end)
-        self._durable = end
+        self._durable = self._index_durable = end
         self._write_checkpoint(end)
         self._opened = True
         if not clean:
@@ -420,29 +421,41 @@ class FileMessageStore:
         return self._flusher.wait(end_position)
 
     def _flush_to_disk(self) -> int:
-        """The flusher thread's job: fsync log then index, then maybe move the checkpoint. The
-        queue ends the checkpoint records are taken first, so every entry they count points at a
-        record below the log end synced next.
+        """The flusher thread's job: fsync the log; when the checkpoint is due (at most every
+        CHECKPOINT_EVERY_SECONDS), fsync the index too and move the checkpoint. The queue ends the
+        checkpoint records are taken first, so every entry they count points at a record below
+        the log end synced next, and is durable before the checkpoint vouches for it.
+
+        Between checkpoints the index is not fsynced: what makes a send durable is its record in
+        the log (flush=sync answers after that fsync), and recovery rebuilds the index entries of
+        every record past the checkpoint from the log (it scans from there), so an index write a
+        crash loses costs nothing but that scan. A flush=sync send then pays one fsync, not two.
 
         After a failed fsync the checkpoint never again passes the end of the last flush that
-        succeeded before it (`_checkpoint_cap`, for the life of this process): Linux may drop the
-        dirty pages of a failed fsync and report success on the next one, so a later success
-        does not prove the earlier bytes reached the disk. The next open verifies everything
+        succeeded before it, index included (`_checkpoint_cap`, for the life of this process):
+        Linux may drop the dirty pages of a failed fsync and report success on the next one, so a
+        later success does not prove the earlier bytes reached the disk. The next open verifies everything
         past the cap (recovery scans from the checkpoint) instead of trusting it."""
         ends = self._index_ends()
+        checkpoint_due = time.monotonic() - self._last_checkpoint >= CHECKPOINT_EVERY_SECONDS
         try:
             end = self.log.sync()
-            self.index.flush()
+            checkpoint_due = checkpoint_due and end != self._checkpointed
+            if checkpoint_due:
+                self.index.flush()
         except BaseException:
-            if self._checkpoint_cap > self._durable:
+            # below `safe` both the log and the index entries were fsynced by flushes that worked
+            safe = min(self._durable, self._index_durable)
+            if self._checkpoint_cap > safe:
                 log.error("fsync failed: the checkpoint stays at or below position %d from now on "
-                          "(the next start verifies the log after it)", self._durable)
-            self._checkpoint_cap = min(self._checkpoint_cap, self._durable)
+                          "(the next start verifies the log after it)", safe)
+            self._checkpoint_cap = min(self._checkpoint_cap, safe)
             raise
         self._durable = max(self._durable, min(end, self._checkpoint_cap))
+        if checkpoint_due:
+            self._index_durable = max(self._index_durable, min(end, self._checkpoint_cap))
         self.log.sweep_maps()
-        now = time.monotonic()
-        if end != self._checkpointed and now - self._last_checkpoint >= CHECKPOINT_EVERY_SECONDS:
+        if checkpoint_due:
             try:
                 self._write_checkpoint(end, ends)
             except OSError as e:  # the data is durable; an old checkpoint only costs recovery time

@@ -2,6 +2,10 @@
 
 Guarantees (the same as the TCP server's, see docs/protocol.md):
 - Requests become tasks in arrival order per peer; responses go back to the peer's identity.
+  With a handler that has the fast path (contracts.ImmediateServerHandler), a request whose code
+  is in its `now_codes` goes to `handle_now` at arrival instead (when no earlier request of the
+  peer still waits for its task to start), answered without a task unless it hands back an
+  awaitable; its answer leaves in the same batch as the others of this loop iteration.
 - A frame over `max_frame_size` gets an error frame. A single message part over it is refused by
   ZeroMQ itself (ZMQ_MAXMSGSIZE), which drops that peer's connection: memory stays bounded.
 - A frame that does not decode gets an error frame if its head parsed, else it is dropped (a ROUTER
@@ -36,7 +40,7 @@ import logging
 import os
 import socket
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 
 import zmq
 from equeue_plugins.transport_zmq import curve
@@ -74,6 +78,8 @@ class ZmqServerConnection:
         self._server = server
         self._closed = False
         self.tasks: set[asyncio.Task] = set()
+        self.unstarted = 0  # handle() tasks created and not yet started (the fast path waits behind them)
+        self.retry_soon = False  # a retry of the admission's backlog is scheduled
         self.outbox: deque[tuple[list, bool, int]] = deque()  # replies ZeroMQ did not take yet
         self.queued = 0  # their bytes
         self.last_activity = server._loop.time()
@@ -103,10 +109,30 @@ class ZmqServerConnection:
         if not self._closed:
             self._server._write(self.identity, buffers)
 
-    def _start(self, request: wire.Frame) -> None:
-        task = self._server._loop.create_task(self._server._serve(self, request))  # in arrival order
+    def _start(self, request: wire.Frame) -> bool:
+        """Run a request the admission let in; True if it is answered already (fast path)."""
+        server = self._server
+        if request.code in server.now_codes and not self.unstarted:
+            return server._answer_now(self, request)
+        self.unstarted += 1
+        self._track(server._loop.create_task(server._serve(self, request)))  # in arrival order
+        return False
+
+    def _track(self, task: asyncio.Task) -> None:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    def retry_later(self) -> None:
+        """Requests wait and no handler of ours runs to retry them: look again after this
+        iteration's replies have gone to ZeroMQ (the batcher's flush is scheduled before this)."""
+        if not self.retry_soon:
+            self.retry_soon = True
+            self._server._loop.call_soon(self._retry)
+
+    def _retry(self) -> None:
+        self.retry_soon = False
+        if not self._closed:
+            self.admission.retry()
 
 
 class ZmqServer:
@@ -117,6 +143,9 @@ class ZmqServer:
         self.handler = handler
         self.settings = settings
         self.address: tuple[str, int] = ("", 0)
+        # the fast path (contracts.ImmediateServerHandler) when the handler offers it
+        self.now_codes: frozenset[int] = (frozenset(getattr(handler, "now_codes", ()))
+                                          if callable(getattr(handler, "handle_now", None)) else frozenset())
         self._hb = (heartbeat_ivl, heartbeat_timeout)
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
@@ -229,6 +258,8 @@ class ZmqServer:
         def on_frame(request: wire.Frame) -> None:
             if admission.charged <= limit:
                 admission.offer(request, wire.HEAD_SIZE + len(request.body))
+                if admission.blocked and not admission.running:
+                    conn.retry_later()
 
         def on_error(head: tuple | None, err: ProtocolError) -> None:
             if head is not None and not head[4] & wire.FLAG_ONEWAY:
@@ -343,16 +374,44 @@ class ZmqServer:
 
     # ------------------------------------------------------------ answering
 
-    async def _serve(self, conn: ZmqServerConnection, request: wire.Frame) -> None:
+    def _answer_now(self, conn: ZmqServerConnection, request: wire.Frame) -> bool:
         try:
-            await self._answer(conn, request)
+            response = self.handler.handle_now(conn, request)  # type: ignore[attr-defined]
+        except EQueueError as e:
+            response = request.error_response(e.code, str(e), **plain(e.details))
+        except Exception as e:
+            log.exception("handler failed on request code %s", request.code)
+            response = request.error_response("error", f"{type(e).__name__}: {e}")
+        else:
+            if response is not None and type(response) is not wire.Frame:  # the rest must wait
+                conn._track(self._loop.create_task(self._serve_rest(conn, request, response)))
+                return False
+        self._respond(conn, request, response)
+        return True
+
+    async def _serve(self, conn: ZmqServerConnection, request: wire.Frame) -> None:
+        conn.unstarted -= 1
+        try:
+            await self._answer(conn, request, None)
         finally:
             conn.admission.finished(wire.HEAD_SIZE + len(request.body))
             conn.last_activity = self._loop.time()
 
-    async def _answer(self, conn: ZmqServerConnection, request: wire.Frame) -> None:
+    async def _serve_rest(self, conn: ZmqServerConnection, request: wire.Frame,
+                          rest: Awaitable[wire.Frame | None]) -> None:
         try:
-            response = await self.handler.handle(conn, request)
+            await self._answer(conn, request, rest)
+        finally:
+            conn.admission.finished(wire.HEAD_SIZE + len(request.body))
+            conn.last_activity = self._loop.time()
+
+    async def _answer(self, conn: ZmqServerConnection, request: wire.Frame,
+                      rest: Awaitable[wire.Frame | None] | None) -> None:
+        try:
+            if rest is None:
+                response = await self.handler.handle(conn, request)
+            else:
+                response = await rest
         except asyncio.CancelledError:
             raise
         except EQueueError as e:
@@ -360,6 +419,9 @@ class ZmqServer:
         except Exception as e:
             log.exception("handler failed on request code %s", request.code)
             response = request.error_response("error", f"{type(e).__name__}: {e}")
+        self._respond(conn, request, response)
+
+    def _respond(self, conn: ZmqServerConnection, request: wire.Frame, response: wire.Frame | None) -> None:
         if response is None or request.is_oneway or conn._closed:
             return
         response.request_id = request.request_id
