@@ -36,3 +36,35 @@ def test_send_async_without_a_key_batches_as_well_on_1000_queues_and_still_sprea
             used.append({f.result(timeout=30).queue_id for f in futures})
     assert all(len(queues) <= 100 for queues in used), [len(q) for q in used]
     assert len(set().union(*used)) > 1
+
+
+def test_a_batch_waiting_behind_an_unanswered_one_still_leaves_after_the_linger(tmp_path):
+    """The linger bounds how long a batch waits for an earlier batch of its queue to be answered,
+    also now that opening it does not wake the loop thread (the loop checks every linger while a
+    batch of the queue is in flight): with the broker frozen, the second batch is written after
+    ~linger, not held until the first answer; both are stored once the broker runs again."""
+    import os
+    import signal
+    import time
+
+    from tests.helpers.broker import BrokerProcess
+    from tests.helpers.waiting import wait_until
+
+    b = BrokerProcess(tmp_path / "data").start()
+    try:
+        with Producer(b.address, linger_ms=50) as p:
+            p.send(Message("frozen", b"warm-up"), routing_key="k")
+            os.kill(b.proc.pid, signal.SIGSTOP)
+            try:
+                first = p.send_async(Message("frozen", b"first"), routing_key="k")
+                assert wait_until(lambda: len(p._async._in_flight) == 1, timeout=10)
+                key = next(iter(p._async._in_flight))  # the first batch is in flight, unanswered
+                time.sleep(0.2)
+                second = p.send_async(Message("frozen", b"second"), routing_key="k")
+                assert wait_until(lambda: p._async._in_flight.get(key) == 2, timeout=10)
+                assert key not in p._async._open and not first.done()
+            finally:
+                os.kill(b.proc.pid, signal.SIGCONT)
+            assert second.result(30).queue_offset == first.result(30).queue_offset + 1
+    finally:
+        b.stop()

@@ -158,6 +158,7 @@ class AsyncProducer:
         # batches sent and not yet answered, per batch key (guarded by _lock): a new batch leaves
         # at once while its key has none in flight, else when the last one is answered
         self._in_flight: dict[tuple[str, Any, bool], int] = {}
+        self._linger_armed: set[tuple[str, Any, bool]] = set()  # keys with a _linger_check pending
         self.max_in_flight = max_in_flight
         self._pending = 0
         self._tasks: set[asyncio.Future] = set()
@@ -244,16 +245,28 @@ class AsyncProducer:
         assert loop is not None
         if full:
             loop.call_soon_threadsafe(self._dispatch, key, batch)
-        elif new:
-            if linger and not idle:
-                loop.call_soon_threadsafe(self._arm_linger, key, batch)
-            else:
-                loop.call_soon_threadsafe(self._linger_expired, key, batch)
+        elif new and (idle or not linger):
+            loop.call_soon_threadsafe(self._linger_expired, key, batch)
+        # else: a batch of this key is in flight; the batch leaves when it is answered, or at the
+        # key's next linger check (_linger_check), whichever comes first: no wake-up of the loop
+        # thread from here (each one costs both threads a switch)
         return SendFuture(batch, index)
 
-    def _arm_linger(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
-        assert self._loop is not None
-        self._loop.call_later(self.linger, self._linger_expired, key, batch)
+    def _linger_check(self, key: tuple[str, Any, bool]) -> None:
+        """Every `linger` while batches of `key` are in flight (armed by _dispatch): the batch that
+        opened meanwhile leaves now, so none waits longer than `linger` for an answer."""
+        with self._lock:
+            self._linger_armed.discard(key)
+            if key not in self._in_flight:
+                return  # _answered sent whatever had gathered
+            waiting = self._open.pop(key, None)
+            if waiting is None:
+                self._linger_armed.add(key)
+        if waiting is not None:
+            self._dispatch(key, waiting)
+        else:
+            assert self._loop is not None
+            self._loop.call_later(self.linger, self._linger_check, key)
 
     def _linger_expired(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
         with self._lock:
@@ -265,6 +278,12 @@ class AsyncProducer:
     def _dispatch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
         with self._lock:
             self._in_flight[key] = self._in_flight.get(key, 0) + 1
+            arm = key not in self._linger_armed
+            if arm:
+                self._linger_armed.add(key)
+        if arm:
+            assert self._loop is not None
+            self._loop.call_later(self.linger, self._linger_check, key)
         task = asyncio.ensure_future(self._send_open_batch(key, batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
