@@ -1,11 +1,11 @@
-"""The TCP server's fast path (contracts.ImmediateServerHandler): requests the broker can answer
+"""The servers' fast path (contracts.ImmediateServerHandler): requests the broker can answer
 without waiting (a send with flush=async, a pull that finds records, commits, routes) are answered
 in the read callback, without a task. These tests pin what it must not change: arrival order per
 connection across both paths, answers in request order, and the per-connection byte budget
 (a flood of such requests over the budget is still answered in full, never wedged).
 
-Raw frames on a plain socket against a real broker process: the client library would hide the
-pipelining under test.
+Raw frames on a plain socket (or a raw ZeroMQ DEALER) against a real broker process: the client
+library would hide the pipelining under test.
 """
 
 from __future__ import annotations
@@ -119,4 +119,48 @@ def test_a_pipelined_flood_of_pulls_whose_answers_outgrow_the_budget_is_answered
         assert [f.request_id for f in answers] == list(range(2, n + 2))
         assert all(f.header.get("count") == 1 for f in answers), answers[0].header
     finally:
+        b.stop()
+
+
+def test_zmq_peer_whose_one_message_of_pulls_outgrows_the_budget_is_answered_in_full(tmp_path: Path):
+    """The ZeroMQ server's fast path: one message of 40 pulls, each answered at once with a 2 KB
+    record, to a broker whose per-connection budget is 64 KiB. The answers pass the budget
+    inside that message, so the last pulls wait; no handler task is left running, so the server
+    itself must look again once the iteration's replies have gone to ZeroMQ (the peer sends
+    nothing more that could)."""
+    import zmq
+
+    n = 40
+    b = BrokerProcess(tmp_path / "data", transport="zmq",
+                      env={"EQUEUE_MAX_CONNECTION_BYTES": str(64 * 1024)}).start()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(f"tcp://127.0.0.1:{b.port}")
+        sock.send(send_frame(1, "zflood", 0, Message("zflood", b"z" * 2000).encode(0)))
+        pulls = b"".join(wire.encode_bytes(wire.Frame(
+            Code.PULL, i + 2, 0, {"group": "g", "topic": "zflood", "queue_id": 0, "offset": 0,
+                                  "max_count": 1, "hold_ms": 0})) for i in range(n))
+        answers: list[wire.Frame] = []
+        deadline = time.monotonic() + READ_TIMEOUT
+        sent = False
+        while len(answers) < n + 1:
+            if sock.poll(100, zmq.POLLIN):
+                data = sock.recv()
+                off = 0
+                while off < len(data):
+                    need = int.from_bytes(data[off:off + 4], "little") + 4
+                    answers.append(wire.decode(data[off:off + need]))
+                    off += need
+            if answers and not sent:
+                assert not answers[0].is_error, answers[0].header
+                sock.send(pulls)  # one message, 40 frames
+                sent = True
+            assert time.monotonic() < deadline, f"only {len(answers) - 1} of {n} pulls answered"
+        assert [f.request_id for f in answers[1:]] == list(range(2, n + 2))
+        assert all(f.header.get("count") == 1 for f in answers[1:]), answers[1].header
+    finally:
+        sock.close(linger=0)
+        ctx.term()
         b.stop()
