@@ -143,9 +143,11 @@ def test_pushed_filters_give_the_rows_a_python_read_gives(pushdown, store_data):
 
 def test_pushdown_prunes_partitions_and_offsets(pushdown, store_data):
     store, data, t_mid = store_data
-    df = read_df(pushdown, store, data, TOPIC)
+    per_queue = str(EARLY + LATE)  # one partition per queue's worth of offsets
+    df = read_df(pushdown, store, data, TOPIC, maxOffsetsPerPartition=per_queue)
     assert df.rdd.getNumPartitions() == QUEUES
-    assert read_df(pushdown, store, data, TOPIC).where("queue_id = 2").rdd.getNumPartitions() == 1
+    assert read_df(pushdown, store, data, TOPIC, maxOffsetsPerPartition=per_queue
+                   ).where("queue_id = 2").rdd.getNumPartitions() == 1
     assert read_df(pushdown, store, data, TOPIC).where("topic = 'other'").count() == 0
 
     # the planner itself (what Spark's pushdown worker calls): queues and offset ranges it plans
@@ -157,14 +159,14 @@ def test_pushdown_prunes_partitions_and_offsets(pushdown, store_data):
                                            StringContains(("body",), "x"))
     rest = list(reader.pushFilters([f_queue, f_from, f_to, f_ts, f_body]))
     assert rest == [f_body] and rest[0] is f_body  # only the body filter is left to Spark
-    planned = [(p.queue_id, p.start, p.end) for p in reader.partitions()]
+    planned = [s for p in reader.partitions() for s in p.slices]
     # store_ts >= t_mid starts every queue at its first late message (offset EARLY)
     assert planned == [(1, EARLY, 450), (3, EARLY, 450)]
     batches = list(reader.read(reader.partitions()[0]))
-    assert sum(b.num_rows for b in batches) == 50
+    assert sum(b.num_rows for b in batches) == 100
 
     # without pushed filters the same reader plans everything
-    assert sum(p.end - p.start for p in EQueueBatchReader(opts).partitions()) == QUEUES * (EARLY + LATE)
+    assert sum(e - s for p in EQueueBatchReader(opts).partitions() for _, s, e in p.slices) == QUEUES * (EARLY + LATE)
 
 
 def test_tag_filter_runs_inside_the_reader(store_data):
@@ -194,7 +196,8 @@ def test_reads_without_the_pushdown_setting_still_work(spark, store_data):
     hands out its plain reader, so reads plan every queue and Spark filters."""
     store, data, _ = store_data
     assert spark.conf.get("spark.sql.python.filterPushdown.enabled") == "false"
-    df = read_df(spark, store, data, TOPIC).where("queue_id = 2 and tag = 'paid'")
+    df = read_df(spark, store, data, TOPIC, maxOffsetsPerPartition=str(EARLY + LATE)
+                 ).where("queue_id = 2 and tag = 'paid'")
     assert df.rdd.getNumPartitions() == QUEUES
     assert df.count() == sum(1 for i in range(EARLY + LATE) if _tag(2, i) == "paid")
 
