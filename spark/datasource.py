@@ -112,22 +112,27 @@ def _plan(topic: str, bounds: dict[int, tuple[int, int]], slice_size: int,
     return parts
 
 
-def _asked_by_pushdown_planner() -> bool:
-    """True when pyspark's filter-pushdown planner (pyspark/sql/worker/data_source_pushdown_filters.py)
-    is the caller creating the reader.
+PUSHDOWN_PLANNER = "pyspark.sql.worker.data_source_pushdown_filters"
+"""pyspark's filter-pushdown planner module: the JVM runs it (by this name) in its own Python
+worker only when spark.sql.python.filterPushdown.enabled is true."""
+
+
+def in_pushdown_planner() -> bool:
+    """True in the Python worker process that runs pyspark's filter-pushdown planner.
 
     pyspark (4.1-4.3) refuses to plan a read with a reader that overrides pushFilters unless the
-    session sets spark.sql.python.filterPushdown.enabled=true, and that planner runs only when it
-    is set. So the source hands out its pushdown reader only to that planner: sessions with the
-    setting get pushdown, sessions without it read exactly as before instead of failing."""
-    frame = sys._getframe(2)
-    for _ in range(8):
-        if frame is None:
-            return False
-        if os.path.basename(frame.f_code.co_filename) == "data_source_pushdown_filters.py":
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
+    session sets spark.sql.python.filterPushdown.enabled=true, and runs its pushdown planner only
+    when it is set. So the source hands out its pushdown reader only there: sessions with the
+    setting get pushdown, sessions without it read exactly as before instead of failing.
+
+    The planner is recognised by its process, not by the call stack: the worker daemon that forks
+    it imported the planner module by name, and a worker started without the daemon runs it as
+    __main__ (`python -m ...`). Planners of other kinds run in other processes, which never import
+    it. So any depth of wrappers around reader() (a subclass, a decorator) sees the same answer."""
+    if PUSHDOWN_PLANNER in sys.modules:
+        return True
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == PUSHDOWN_PLANNER
 
 
 class EQueueDataSource(DataSource):
@@ -151,7 +156,7 @@ class EQueueDataSource(DataSource):
         return StructType([by_name[c] for c in cols])
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        if _asked_by_pushdown_planner():
+        if in_pushdown_planner():
             return EQueuePushdownReader(dict(self.options), schema)
         return EQueueBatchReader(dict(self.options), schema)
 

@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import sys
 import time
+import types
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from equeue_spark.datasource import EQueueBatchReader, EQueuePushdownReader
+from equeue_spark.datasource import (
+    PUSHDOWN_PLANNER,
+    EQueueBatchReader,
+    EQueueDataSource,
+    EQueuePushdownReader,
+)
 from equeue_spark.pushdown import push_filters
 from pyspark.sql import functions as F
 from pyspark.sql.datasource import (
@@ -200,6 +207,38 @@ def test_reads_without_the_pushdown_setting_still_work(spark, store_data):
                  ).where("queue_id = 2 and tag = 'paid'")
     assert df.rdd.getNumPartitions() == QUEUES
     assert df.count() == sum(1 for i in range(EARLY + LATE) if _tag(2, i) == "paid")
+
+
+class _WrappedSource(EQueueDataSource):
+    """A subclass whose reader() runs a dozen calls below its caller (as a decorator or a
+    logging wrapper would make it)."""
+
+    def reader(self, schema):
+        def deeper(n: int):
+            return deeper(n - 1) if n else EQueueDataSource.reader(self, schema)
+        return deeper(12)
+
+
+def test_the_pushdown_planner_gets_the_pushdown_reader_through_wrappers(store_data, monkeypatch):
+    """The source used to recognise pyspark's pushdown planner by walking at most 8 stack frames
+    up from reader(): a wrapped reader() got the plain reader there and its queries silently lost
+    pushdown. The planner is recognised by its process now (the planner module is loaded there,
+    and nowhere else), whatever the call depth."""
+    store, data, _ = store_data
+    opts = {"path": data, "topic": TOPIC, "store": store}
+    schema = EQueueDataSource(opts).schema()
+
+    def from_planner_code(source: EQueueDataSource):
+        """reader() called from code of pyspark's planner file, as the planner calls it."""
+        scope = {"source": source, "schema": schema}
+        exec(compile("got = source.reader(schema=schema)", "data_source_pushdown_filters.py", "exec"), scope)
+        return scope["got"]
+
+    assert PUSHDOWN_PLANNER not in sys.modules  # this test process is no planner
+    assert type(_WrappedSource(opts).reader(schema)) is EQueueBatchReader
+    monkeypatch.setitem(sys.modules, PUSHDOWN_PLANNER, types.ModuleType(PUSHDOWN_PLANNER))
+    assert type(from_planner_code(EQueueDataSource(opts))) is EQueuePushdownReader
+    assert type(from_planner_code(_WrappedSource(opts))) is EQueuePushdownReader
 
 
 def test_columns_option_and_a_given_schema_build_only_those_columns(spark, store_data):
