@@ -20,9 +20,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from equeue_core import msgid
+from equeue_core import msgid, record
 from equeue_core.errors import CorruptRecordError
-from equeue_core.record import CRC_FROM, HEADER_SIZE, KEY_SEPARATOR, MAGIC, VERSION, crc32c
+from equeue_core.record import CRC_FROM, HEADER_SIZE, KEY_SEPARATOR, MAGIC, VERSION
 
 COLUMNS = ("topic", "queue_id", "queue_offset", "msg_id", "tag", "keys", "properties",
            "body", "born_ts", "store_ts")
@@ -157,9 +157,8 @@ def first_damaged(data: bytes | memoryview, starts: Any, sizes: Any, positions: 
           & (head["position"] == np.asarray(positions, dtype=np.uint64)))
     if not ok.all():
         return int(np.argmin(ok))
-    mv = memoryview(data)
-    crcs = [crc32c(mv[a:b]) for a, b in zip((starts + CRC_FROM).tolist(), (starts + sizes).tolist(), strict=True)]
-    good = np.array(crcs, dtype=np.uint32) == head["crc"]
+    crcs = np.frombuffer(record.crc_spans(data, starts + CRC_FROM, starts + sizes), dtype=np.uint32)
+    good = crcs == head["crc"]
     return None if good.all() else int(np.argmin(good))
 
 

@@ -284,17 +284,12 @@ def resolve_bound(spec: int | str | dict[int, int] | None, ts: int | None, reade
     return max(lo, min(hi, int(value)))
 
 
-def split_range(start: int, end: int, size: int) -> Iterator[tuple[int, int]]:
-    """[start, end) as consecutive slices of at most size offsets."""
-    for s in range(start, end, size):
-        yield s, min(s + size, end)
-
-
-def export_batches(location: StoreLocation, topic: str, queue_id: int, start: int, end: int,
-                   batch_rows: int, columns: Sequence[str] | None = None,
-                   row_filter: RowFilter | None = None) -> Iterator[Any]:
-    """Spark-ready RecordBatches for [start, end) of one queue, from a reader opened here: only
-    `columns` (default all) and only the rows `row_filter` keeps (default all).
+def export_slices(location: StoreLocation, topic: str, slices: Sequence[tuple[int, int, int]],
+                  batch_rows: int, columns: Sequence[str] | None = None,
+                  row_filter: RowFilter | None = None) -> Iterator[Any]:
+    """Spark-ready RecordBatches for each (queue id, start, end) slice of the topic in turn, from
+    one reader opened here: only `columns` (default all) and only the rows `row_filter` keeps
+    (default all).
 
     The store reader guarantees every offset below its safe end is an intact record, and the
     planner never asks past the end it saw, so a read racing the broker sees a consistent prefix.
@@ -310,15 +305,16 @@ def export_batches(location: StoreLocation, topic: str, queue_id: int, start: in
         filtering = row_filter is not None and not row_filter.is_empty()
         if filtering:
             kwargs["row_filter"] = row_filter
-        got = 0
-        for batch in reader.export(topic, queue_id, start, end, batch_rows, **kwargs):
-            if batch.num_rows:
-                got += batch.num_rows
-                yield to_spark_batch(batch)
-        lo, hi = reader.queue_range(topic, queue_id) if filtering else (start, end)
-        if (got != end - start and not filtering) or lo > start or hi < end:
-            raise EQueueSparkError(
-                f"store {location.store!r} returned {got} rows for {topic}/{queue_id} offsets "
-                f"[{start}, {end}), expected {end - start} (retention may have deleted them)")
+        for queue_id, start, end in slices:
+            got = 0
+            for batch in reader.export(topic, queue_id, start, end, batch_rows, **kwargs):
+                if batch.num_rows:
+                    got += batch.num_rows
+                    yield to_spark_batch(batch)
+            lo, hi = reader.queue_range(topic, queue_id) if filtering else (start, end)
+            if (got != end - start and not filtering) or lo > start or hi < end:
+                raise EQueueSparkError(
+                    f"store {location.store!r} returned {got} rows for {topic}/{queue_id} offsets "
+                    f"[{start}, {end}), expected {end - start} (retention may have deleted them)")
     finally:
         reader.close()

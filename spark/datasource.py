@@ -26,7 +26,7 @@ from equeue_spark.common import (
     EQueueSparkError,
     StoreLocation,
     columns_option,
-    export_batches,
+    export_slices,
     int_opt,
     opt,
     parse_offset_spec,
@@ -35,7 +35,6 @@ from equeue_spark.common import (
     requested_columns,
     resolve_bound,
     spark_schema,
-    split_range,
     store_location,
     topic_queues,
 )
@@ -61,12 +60,11 @@ from pyspark.sql.types import StructType
 
 @dataclass
 class EQueuePartition(InputPartition):
-    """One Spark task: offsets [start, end) of one queue of one topic."""
+    """One Spark task: offset slices (queue id, start, end) of one topic, read one after the other
+    (each queue's rows in offset order)."""
 
     topic: str
-    queue_id: int
-    start: int
-    end: int
+    slices: tuple[tuple[int, int, int], ...]
 
 
 def _required_topic(options: Any) -> str:
@@ -81,36 +79,60 @@ MIN_SLICE = 32768  # offsets: below this a partition costs more to schedule than
 
 def _plan(topic: str, bounds: dict[int, tuple[int, int]], slice_size: int,
           min_partitions: int = 1) -> list[EQueuePartition]:
-    """One partition per queue, a long range cut into slices of at most slice_size offsets; when
-    that makes fewer than min_partitions (e.g. one long queue, two cores), slices shrink (not
-    below MIN_SLICE offsets) so every core gets a share."""
+    """As few partitions as the read allows: ceil(offsets / slice_size), raised towards
+    min_partitions (so every core gets a share) while each keeps at least MIN_SLICE offsets.
+
+    The selected offsets of all queues, in queue order, are cut into that many runs of equal
+    length, so several short queues share one partition and a long queue is cut across several.
+    A task costs Spark ~0.1-0.2 s of CPU whatever it reads (a Python worker round trip, an Arrow
+    stream), so one task per queue made a query on a topic of many short queues pay mostly for
+    tasks. No partition holds more than slice_size offsets."""
     total = sum(max(0, e - s) for s, e in bounds.values())
-    if min_partitions > 1 and total:
-        slice_size = min(slice_size, max(-(-total // min_partitions), MIN_SLICE))
-    parts = []
+    if not total:
+        return []
+    count = -(-total // slice_size)
+    if min_partitions > count:
+        count = max(count, min(min_partitions, -(-total // MIN_SLICE)))
+    share = -(-total // count)
+    parts: list[EQueuePartition] = []
+    current: list[tuple[int, int, int]] = []
+    room = share
     for q in sorted(bounds):
         start, end = bounds[q]
-        for s, e in split_range(start, end, slice_size):
-            parts.append(EQueuePartition(topic, q, s, e))
+        while start < end:
+            take = min(end - start, room)
+            current.append((q, start, start + take))
+            start += take
+            room -= take
+            if room == 0:
+                parts.append(EQueuePartition(topic, tuple(current)))
+                current, room = [], share
+    if current:
+        parts.append(EQueuePartition(topic, tuple(current)))
     return parts
 
 
-def _asked_by_pushdown_planner() -> bool:
-    """True when pyspark's filter-pushdown planner (pyspark/sql/worker/data_source_pushdown_filters.py)
-    is the caller creating the reader.
+PUSHDOWN_PLANNER = "pyspark.sql.worker.data_source_pushdown_filters"
+"""pyspark's filter-pushdown planner module: the JVM runs it (by this name) in its own Python
+worker only when spark.sql.python.filterPushdown.enabled is true."""
+
+
+def in_pushdown_planner() -> bool:
+    """True in the Python worker process that runs pyspark's filter-pushdown planner.
 
     pyspark (4.1-4.3) refuses to plan a read with a reader that overrides pushFilters unless the
-    session sets spark.sql.python.filterPushdown.enabled=true, and that planner runs only when it
-    is set. So the source hands out its pushdown reader only to that planner: sessions with the
-    setting get pushdown, sessions without it read exactly as before instead of failing."""
-    frame = sys._getframe(2)
-    for _ in range(8):
-        if frame is None:
-            return False
-        if os.path.basename(frame.f_code.co_filename) == "data_source_pushdown_filters.py":
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
+    session sets spark.sql.python.filterPushdown.enabled=true, and runs its pushdown planner only
+    when it is set. So the source hands out its pushdown reader only there: sessions with the
+    setting get pushdown, sessions without it read exactly as before instead of failing.
+
+    The planner is recognised by its process, not by the call stack: the worker daemon that forks
+    it imported the planner module by name, and a worker started without the daemon runs it as
+    __main__ (`python -m ...`). Planners of other kinds run in other processes, which never import
+    it. So any depth of wrappers around reader() (a subclass, a decorator) sees the same answer."""
+    if PUSHDOWN_PLANNER in sys.modules:
+        return True
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == PUSHDOWN_PLANNER
 
 
 class EQueueDataSource(DataSource):
@@ -134,7 +156,7 @@ class EQueueDataSource(DataSource):
         return StructType([by_name[c] for c in cols])
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        if _asked_by_pushdown_planner():
+        if in_pushdown_planner():
             return EQueuePushdownReader(dict(self.options), schema)
         return EQueueBatchReader(dict(self.options), schema)
 
@@ -207,8 +229,8 @@ class EQueueBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, EQueuePartition):
             return iter(())  # nothing planned: pyspark runs one InputPartition(None)
-        return export_batches(self.location, partition.topic, partition.queue_id, partition.start,
-                              partition.end, self.batch_rows, self.columns, self.pushed.rows)
+        return export_slices(self.location, partition.topic, partition.slices, self.batch_rows,
+                             self.columns, self.pushed.rows)
 
 
 class EQueuePushdownReader(EQueueBatchReader):
@@ -240,6 +262,7 @@ class EQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.queue_ids = parse_queue_ids(opt(options, "queues"))
         self.starting = parse_offset_spec(opt(options, "startingOffsets"), "startingOffsets") or "earliest"
         self.slice_size = int_opt(options, "maxOffsetsPerPartition", DEFAULT_MAX_OFFSETS_PER_PARTITION)
+        self.min_partitions = int_opt(options, "minPartitions", os.cpu_count() or 1)
         self.batch_rows = int_opt(options, "batchRows", DEFAULT_BATCH_ROWS)
         raw_max = opt(options, "maxMessagesPerTrigger")
         self.max_per_trigger = int_opt(options, "maxMessagesPerTrigger", 1) if raw_max else None
@@ -335,12 +358,12 @@ class EQueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ranges = ranges or self._ranges()
             bounds = {q: (max(s, ranges[q][0]) if q in ranges else s, e) for q, (s, e) in bounds.items()}
             bounds = {q: (s, e) for q, (s, e) in bounds.items() if e > s}
-        return _plan(self.topic, bounds, self.slice_size)
+        return _plan(self.topic, bounds, self.slice_size, self.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, EQueuePartition)
-        yield from export_batches(self.location, partition.topic, partition.queue_id,
-                                  partition.start, partition.end, self.batch_rows, self.columns)
+        yield from export_slices(self.location, partition.topic, partition.slices, self.batch_rows,
+                                 self.columns)
 
     def commit(self, end: dict) -> None:
         """Nothing to release: offsets live in Spark's checkpoint, not in the broker."""

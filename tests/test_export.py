@@ -94,7 +94,15 @@ def test_pruned_columns_and_row_filter_match_filtering_the_full_batch(msgs, cols
     assert rb.to_pylist() == expected
 
 
-def test_first_damaged_finds_a_flipped_byte_and_a_wrong_position():
+CRC_IMPLS = ["python"] + (["native"] if record.native is not None else [])
+
+
+@pytest.mark.parametrize("impl", CRC_IMPLS)
+def test_first_damaged_finds_a_flipped_byte_and_a_wrong_position(impl, monkeypatch):
+    """One batched crc call (record.crc_spans) checks every record, in C and in the Python fallback."""
+    crc_spans = record.PYTHON_FUNCTIONS["crc_spans"] if impl == "python" else record.NATIVE_FUNCTIONS["crc_spans"]
+    calls = []
+    monkeypatch.setattr(record, "crc_spans", lambda *a: calls.append(a) or crc_spans(*a))
     batch = _stamped([("t", b"a" * 50, None, [], {}), ("t", b"b" * 50, "x", [], {}), ("t", b"c", None, [], {})])
     starts = record.scan(batch)
     sizes = [record.record_size(batch, s) for s in starts]
@@ -105,6 +113,7 @@ def test_first_damaged_finds_a_flipped_byte_and_a_wrong_position():
     assert first_damaged(bytes(flipped), starts, sizes, positions) == 1
     assert first_damaged(bytes(batch), starts, sizes, [positions[0], positions[1], 7]) == 2
     assert first_damaged(bytes(batch), starts, [sizes[0], 0, sizes[2]], positions) == 1  # a "lost" entry
+    assert len(calls) == 2  # one crc call per batch whose headers check out, not one per record
 
 
 @pytest.mark.parametrize("store", ["file", "lmdb", "rocksdb"])

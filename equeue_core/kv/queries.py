@@ -18,6 +18,7 @@ from typing import Any
 
 from equeue_core.contracts import PullResult
 from equeue_core.errors import CorruptRecordError, OffsetOutOfRangeError
+from equeue_core.kv.chunks import FloorChunk
 from equeue_core.record import INDEX_ENTRY, INDEX_ENTRY_SIZE, OFF_STORE_TS, corrupt_record, damage
 
 _TS = struct.Struct("<q")
@@ -111,28 +112,83 @@ def store_ts(rec: bytes | memoryview) -> int:
     return _TS.unpack_from(rec, OFF_STORE_TS)[0]
 
 
-def export_batches(read_chunk: Callable[[int, int], list[bytes]], start: int, end: int, batch_rows: int,
-                   address: tuple[str, int], columns: Sequence[str] | None = None,
+def read_layout(entries: bytes, floor_chunk: FloorChunk, offset: int, lo: int,
+                hi: int, max_bytes: int, *, topic: str, queue_id: int) -> tuple[bytes, Any]:
+    """(buffer, record starts in it) for the records the packed index `entries` name (queue
+    offsets from `offset`): each log chunk touched is found with one `floor_chunk` seek and the
+    span of it the records occupy is copied once, then every record is verified at once
+    (export.first_damaged: size, magic, version, the position its entry names, crc), not one
+    Python call per record. At most max_bytes of spans are copied (at least one record): fewer
+    records then. As check_record: a record no chunk holds (retention won the race) raises
+    OffsetOutOfRangeError, a damaged one CorruptRecordError naming its place."""
+    import numpy as np
+
+    from equeue_core.export import first_damaged, index_entry_dtype
+
+    e = np.frombuffer(entries, dtype=index_entry_dtype())
+    pos = e["position"].astype(np.int64)
+    size = e["size"].astype(np.int64)
+    n = len(pos)
+    ascending = n < 2 or bool((pos[1:] > pos[:-1]).all())
+    pos_list = pos.tolist()
+    parts: list = []
+    spans: list[tuple[int, int, int, int]] = []  # (first record, chunk start, chunk end, shift into the buffer)
+    base = 0
+    i = 0
+    while i < n:
+        p = pos_list[i]
+        found = floor_chunk(p)
+        first, value = found if found is not None else (0, b"")
+        stop = first + len(value)
+        if not first <= p < stop:
+            raise out_of_range(offset + i, lo, hi)
+        if ascending:  # the usual case: a queue's records sit in log order
+            j = int(pos.searchsorted(stop))
+            cut = p - first  # copy from the first record to the end of the chunk
+        else:
+            inside = (pos[i:] >= first) & (pos[i:] < stop)
+            j = i + (int(np.argmin(inside)) if not inside.all() else n - i)
+            cut = 0
+        if parts and base + len(value) - cut > max_bytes:
+            break
+        parts.append(memoryview(value)[cut:])
+        spans.append((i, first, stop, base - first - cut))
+        base += len(value) - cut
+        i = j
+    if len(spans) < 2:
+        data = bytes(parts[0]) if parts else b""
+    else:
+        data = b"".join(parts)
+    firsts = np.array([sp[0] for sp in spans], dtype=np.int64)
+    counts = np.diff(np.append(firsts, i))
+    m = int(counts.sum())
+    pos, size = pos[:m], size[:m]
+    chunk_end = np.repeat(np.array([sp[2] for sp in spans], dtype=np.int64), counts)
+    spill = np.flatnonzero(pos + size > chunk_end)
+    if spill.size:
+        k = int(spill[0])
+        raise corrupt_record(topic, queue_id, offset + k, int(pos[k]),
+                             f"its index entry says {int(size[k])} bytes, its log chunk ends before")
+    at = pos + np.repeat(np.array([sp[3] for sp in spans], dtype=np.int64), counts)
+    bad = first_damaged(data, at, size, pos)
+    if bad is not None:
+        why = damage(data, int(at[bad]), int(size[bad]), int(pos[bad])) or "record failed verification"
+        raise corrupt_record(topic, queue_id, offset + bad, int(pos[bad]), why)
+    return data, at
+
+
+def export_batches(read_layout: Callable[[int, int, int], tuple[bytes, Any]], start: int, end: int,
+                   batch_rows: int, address: tuple[str, int], columns: Sequence[str] | None = None,
                    row_filter: Any = None) -> Iterator[Any]:
-    """RecordBatches for [start, end), batch_rows at a time; read_chunk(offset, n) returns n
-    verified records (each chunk from one snapshot). Only `columns` are built and rows
-    `row_filter` rejects are left out (equeue_core.export.layout_to_arrow)."""
-    from equeue_core.export import MAX_BATCH_BYTES, rows_to_arrow
+    """RecordBatches for [start, end), at most batch_rows at a time; read_layout(offset, n,
+    max_bytes) returns (buffer, starts) of 1..n verified records from offset on, each call from
+    one snapshot (see read_layout). Only `columns` are built and rows `row_filter` rejects are
+    left out (equeue_core.export.layout_to_arrow)."""
+    from equeue_core.export import MAX_BATCH_BYTES, layout_to_arrow
 
     batch_rows = max(1, batch_rows)
     off = start
     while off < end:
-        n = min(batch_rows, end - off)
-        recs = read_chunk(off, n)
-        if sum(map(len, recs)) <= MAX_BATCH_BYTES:
-            yield rows_to_arrow(recs, address, columns, row_filter)
-            off += n
-            continue
-        first = size = 0
-        for i, r in enumerate(recs):  # a batch's bytes stay addressable by Arrow (int32 offsets)
-            if size and size + len(r) > MAX_BATCH_BYTES:
-                yield rows_to_arrow(recs[first:i], address, columns, row_filter)
-                first, size = i, 0
-            size += len(r)
-        yield rows_to_arrow(recs[first:], address, columns, row_filter)
-        off += n
+        data, starts = read_layout(off, min(batch_rows, end - off), MAX_BATCH_BYTES)
+        yield layout_to_arrow(data, starts, address, columns, row_filter)
+        off += len(starts)

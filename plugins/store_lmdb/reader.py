@@ -49,11 +49,11 @@ class LmdbStoreReader:
             raise queries.out_of_range(start, lo, hi)
         end = min(end, hi)
 
-        def read_chunk(offset: int, count: int) -> list[bytes]:
+        def read_layout(offset: int, count: int, max_bytes: int) -> tuple[bytes, Any]:
             with self.env.begin(buffers=True) as txn:
-                return Snapshot(self.shared, txn).read_chunk(topic, queue_id, offset, count)
+                return Snapshot(self.shared, txn).read_layout(topic, queue_id, offset, count, max_bytes)
 
-        return queries.export_batches(read_chunk, start, end, batch_rows, self.address, columns, row_filter)
+        return queries.export_batches(read_layout, start, end, batch_rows, self.address, columns, row_filter)
 
     def group_offsets(self) -> dict[tuple[str, str, int], int]:
         with self.env.begin(buffers=True) as txn:

@@ -4,12 +4,13 @@ The store (in the broker) and the reader (in any other process) both read throug
 reader sees exactly what a pull would: a prefix of each queue ending at a committed batch.
 Read transactions are opened with buffers=True: values are memoryviews into LMDB's map, so a
 record is copied once, when the answer is built, and never before; nothing may keep such a view
-past its transaction (read_chunk and record return bytes).
+past its transaction (read_layout and record return bytes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import lmdb
 
@@ -85,8 +86,8 @@ class Snapshot:
             raise MessageNotFoundError(f"no index entry for {topic}/{queue_id}@{offset}")
         return INDEX_ENTRY.unpack(raw)
 
-    def records(self, positions: Sequence[int]) -> list[memoryview | bytes | None]:
-        """The record starting at each (ascending) position (chunks.slice_records), one cursor."""
+    def chunk_finder(self) -> chunks.FloorChunk:
+        """floor_chunk(p): (first position, value) of the log chunk at or below p, or None; one cursor."""
         cur = self.txn.cursor(self.log_db)
 
         def floor_chunk(p: int) -> tuple[int, memoryview | bytes] | None:
@@ -94,7 +95,11 @@ class Snapshot:
                 return None
             return keys.position_of(cur.key()), cur.value()
 
-        return chunks.slice_records(positions, floor_chunk)
+        return floor_chunk
+
+    def records(self, positions: Sequence[int]) -> list[memoryview | bytes | None]:
+        """The record starting at each (ascending) position (chunks.slice_records), one cursor."""
+        return chunks.slice_records(positions, self.chunk_finder())
 
     def record(self, position: int) -> bytes:
         return chunks.checked_record(self.records([position])[0], position)
@@ -113,15 +118,14 @@ class Snapshot:
 
         return queries.bisect_first(lo, hi, at_or_after)
 
-    def read_chunk(self, topic: str, queue_id: int, offset: int, count: int) -> list[bytes]:
-        """Exactly count verified records from offset on, as bytes (OffsetOutOfRangeError if any is gone)."""
+    def read_layout(self, topic: str, queue_id: int, offset: int, count: int, max_bytes: int) -> tuple[bytes, Any]:
+        """(buffer, starts) of 1..count verified records from offset on, copied out of this
+        transaction (queries.read_layout); OffsetOutOfRangeError if any of them is gone."""
         lo, hi = self.queue_range(topic, queue_id)
         if offset < lo or offset + count > hi:
             raise queries.out_of_range(offset if offset < lo else offset + count, lo, hi)
         raw = self.entries(topic, queue_id, offset, count)
         if len(raw) != count * INDEX_ENTRY_SIZE:
             raise queries.out_of_range(offset, lo, hi)
-        ents = [INDEX_ENTRY.unpack_from(raw, i * INDEX_ENTRY_SIZE) for i in range(count)]
-        recs = self.records([e[0] for e in ents])
-        return [bytes(queries.check_record(r, offset + i, e[1], e[0], lo, hi, topic=topic, queue_id=queue_id))
-                for i, (e, r) in enumerate(zip(ents, recs, strict=True))]
+        return queries.read_layout(raw, self.chunk_finder(), offset, lo, hi, max_bytes,
+                                   topic=topic, queue_id=queue_id)

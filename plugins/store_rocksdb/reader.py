@@ -51,7 +51,7 @@ class RocksStoreReader:
             raise queries.out_of_range(start, lo, hi)
         end = min(end, hi)
         view = self.view
-        return queries.export_batches(lambda o, n: view.read_chunk(topic, queue_id, o, n),
+        return queries.export_batches(lambda o, n, b: view.read_layout(topic, queue_id, o, n, b),
                                       start, end, batch_rows, self.address, columns, row_filter)
 
     def group_offsets(self) -> dict[tuple[str, str, int], int]:

@@ -10,6 +10,7 @@ OffsetOutOfRangeError with the bounds read afterwards (queries.pull / check_reco
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import rocksdict
 
@@ -85,17 +86,26 @@ class View:
             raise MessageNotFoundError(f"no index entry for {topic}/{queue_id}@{offset}")
         return INDEX_ENTRY.unpack(raw)
 
-    def records(self, positions: Sequence[int]) -> list[bytes | None]:
-        """The record starting at each (ascending) position (chunks.slice_records), one iterator."""
+    def chunk_finder(self) -> chunks.FloorChunk:
+        """floor_chunk(p): (first position, value) of the log chunk at or below p, or None; one iterator."""
         it = self.log.iter()
 
         def floor_chunk(p: int) -> tuple[int, bytes] | None:
-            it.seek_for_prev(keys.log_key(p))
+            key = keys.log_key(p)
+            if it.valid():  # reading on in log order: the next chunk often starts exactly at p
+                it.next()
+                if it.valid() and it.key() == key:
+                    return p, it.value()
+            it.seek_for_prev(key)
             if not it.valid():
                 return None
             return keys.position_of(it.key()), it.value()
 
-        return chunks.slice_records(positions, floor_chunk)
+        return floor_chunk
+
+    def records(self, positions: Sequence[int]) -> list[bytes | None]:
+        """The record starting at each (ascending) position (chunks.slice_records), one iterator."""
+        return chunks.slice_records(positions, self.chunk_finder())
 
     def record(self, position: int) -> bytes:
         return chunks.checked_record(self.records([position])[0], position)
@@ -115,15 +125,14 @@ class View:
 
         return queries.bisect_first(lo, hi, at_or_after)
 
-    def read_chunk(self, topic: str, queue_id: int, offset: int, count: int) -> list[bytes]:
-        """Exactly count verified records from offset on (OffsetOutOfRangeError if any is gone)."""
+    def read_layout(self, topic: str, queue_id: int, offset: int, count: int, max_bytes: int) -> tuple[bytes, Any]:
+        """(buffer, starts) of 1..count verified records from offset on (queries.read_layout);
+        OffsetOutOfRangeError if any of them is gone."""
         lo, hi = self.queue_range(topic, queue_id)
         if offset < lo or offset + count > hi:
             raise queries.out_of_range(offset if offset < lo else offset + count, lo, hi)
         raw = self.entries(topic, queue_id, offset, count)
         if len(raw) != count * INDEX_ENTRY_SIZE:
             raise queries.out_of_range(offset, *self.queue_range(topic, queue_id))
-        ents = [INDEX_ENTRY.unpack_from(raw, i * INDEX_ENTRY_SIZE) for i in range(count)]
-        recs = self.records([e[0] for e in ents])
-        return [queries.check_record(r, offset + i, e[1], e[0], lo, hi, topic=topic, queue_id=queue_id)
-                for i, (e, r) in enumerate(zip(ents, recs, strict=True))]
+        return queries.read_layout(raw, self.chunk_finder(), offset, lo, hi, max_bytes,
+                                   topic=topic, queue_id=queue_id)

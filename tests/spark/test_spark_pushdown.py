@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import sys
 import time
+import types
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from equeue_spark.datasource import EQueueBatchReader, EQueuePushdownReader
+from equeue_spark.datasource import (
+    PUSHDOWN_PLANNER,
+    EQueueBatchReader,
+    EQueueDataSource,
+    EQueuePushdownReader,
+)
 from equeue_spark.pushdown import push_filters
 from pyspark.sql import functions as F
 from pyspark.sql.datasource import (
@@ -143,9 +150,11 @@ def test_pushed_filters_give_the_rows_a_python_read_gives(pushdown, store_data):
 
 def test_pushdown_prunes_partitions_and_offsets(pushdown, store_data):
     store, data, t_mid = store_data
-    df = read_df(pushdown, store, data, TOPIC)
+    per_queue = str(EARLY + LATE)  # one partition per queue's worth of offsets
+    df = read_df(pushdown, store, data, TOPIC, maxOffsetsPerPartition=per_queue)
     assert df.rdd.getNumPartitions() == QUEUES
-    assert read_df(pushdown, store, data, TOPIC).where("queue_id = 2").rdd.getNumPartitions() == 1
+    assert read_df(pushdown, store, data, TOPIC, maxOffsetsPerPartition=per_queue
+                   ).where("queue_id = 2").rdd.getNumPartitions() == 1
     assert read_df(pushdown, store, data, TOPIC).where("topic = 'other'").count() == 0
 
     # the planner itself (what Spark's pushdown worker calls): queues and offset ranges it plans
@@ -157,14 +166,14 @@ def test_pushdown_prunes_partitions_and_offsets(pushdown, store_data):
                                            StringContains(("body",), "x"))
     rest = list(reader.pushFilters([f_queue, f_from, f_to, f_ts, f_body]))
     assert rest == [f_body] and rest[0] is f_body  # only the body filter is left to Spark
-    planned = [(p.queue_id, p.start, p.end) for p in reader.partitions()]
+    planned = [s for p in reader.partitions() for s in p.slices]
     # store_ts >= t_mid starts every queue at its first late message (offset EARLY)
     assert planned == [(1, EARLY, 450), (3, EARLY, 450)]
     batches = list(reader.read(reader.partitions()[0]))
-    assert sum(b.num_rows for b in batches) == 50
+    assert sum(b.num_rows for b in batches) == 100
 
     # without pushed filters the same reader plans everything
-    assert sum(p.end - p.start for p in EQueueBatchReader(opts).partitions()) == QUEUES * (EARLY + LATE)
+    assert sum(e - s for p in EQueueBatchReader(opts).partitions() for _, s, e in p.slices) == QUEUES * (EARLY + LATE)
 
 
 def test_tag_filter_runs_inside_the_reader(store_data):
@@ -194,9 +203,42 @@ def test_reads_without_the_pushdown_setting_still_work(spark, store_data):
     hands out its plain reader, so reads plan every queue and Spark filters."""
     store, data, _ = store_data
     assert spark.conf.get("spark.sql.python.filterPushdown.enabled") == "false"
-    df = read_df(spark, store, data, TOPIC).where("queue_id = 2 and tag = 'paid'")
+    df = read_df(spark, store, data, TOPIC, maxOffsetsPerPartition=str(EARLY + LATE)
+                 ).where("queue_id = 2 and tag = 'paid'")
     assert df.rdd.getNumPartitions() == QUEUES
     assert df.count() == sum(1 for i in range(EARLY + LATE) if _tag(2, i) == "paid")
+
+
+class _WrappedSource(EQueueDataSource):
+    """A subclass whose reader() runs a dozen calls below its caller (as a decorator or a
+    logging wrapper would make it)."""
+
+    def reader(self, schema):
+        def deeper(n: int):
+            return deeper(n - 1) if n else EQueueDataSource.reader(self, schema)
+        return deeper(12)
+
+
+def test_the_pushdown_planner_gets_the_pushdown_reader_through_wrappers(store_data, monkeypatch):
+    """The source used to recognise pyspark's pushdown planner by walking at most 8 stack frames
+    up from reader(): a wrapped reader() got the plain reader there and its queries silently lost
+    pushdown. The planner is recognised by its process now (the planner module is loaded there,
+    and nowhere else), whatever the call depth."""
+    store, data, _ = store_data
+    opts = {"path": data, "topic": TOPIC, "store": store}
+    schema = EQueueDataSource(opts).schema()
+
+    def from_planner_code(source: EQueueDataSource):
+        """reader() called from code of pyspark's planner file, as the planner calls it."""
+        scope = {"source": source, "schema": schema}
+        exec(compile("got = source.reader(schema=schema)", "data_source_pushdown_filters.py", "exec"), scope)
+        return scope["got"]
+
+    assert PUSHDOWN_PLANNER not in sys.modules  # this test process is no planner
+    assert type(_WrappedSource(opts).reader(schema)) is EQueueBatchReader
+    monkeypatch.setitem(sys.modules, PUSHDOWN_PLANNER, types.ModuleType(PUSHDOWN_PLANNER))
+    assert type(from_planner_code(EQueueDataSource(opts))) is EQueuePushdownReader
+    assert type(from_planner_code(_WrappedSource(opts))) is EQueuePushdownReader
 
 
 def test_columns_option_and_a_given_schema_build_only_those_columns(spark, store_data):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 
 import pytest
-from equeue_spark.common import EQueueSparkError, parse_offset_spec, parse_queue_ids, split_range
-from equeue_spark.datasource import EQueueStreamReader, _plan
+from equeue_spark.common import EQueueSparkError, parse_offset_spec, parse_queue_ids
+from equeue_spark.datasource import MIN_SLICE, EQueueStreamReader, _plan
 from equeue_spark.jobs.progress import Progress
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
@@ -24,19 +24,38 @@ def test_offset_specs():
         parse_queue_ids("0,x")
 
 
+def _offsets(parts) -> list[tuple[int, int]]:
+    return [(q, o) for p in parts for q, s, e in p.slices for o in range(s, e)]
+
+
 def test_slices_cover_the_range_exactly():
-    assert list(split_range(5, 17, 5)) == [(5, 10), (10, 15), (15, 17)]
-    parts = _plan("t", {0: (0, 2_500_000), 1: (10, 10), 2: (3, 4)}, 1_000_000)
-    assert [(p.queue_id, p.start, p.end) for p in parts] == [
-        (0, 0, 1_000_000), (0, 1_000_000, 2_000_000), (0, 2_000_000, 2_500_000), (2, 3, 4)]
+    bounds = {0: (0, 250_000), 1: (10, 10), 2: (3, 4), 5: (7, 90_007)}
+    parts = _plan("t", bounds, 100_000)
+    assert len(parts) == 4  # ceil(340001 / 100000)
+    assert _offsets(parts) == [(q, o) for q in sorted(bounds) for o in range(*bounds[q])]
+    assert all(sum(e - s for _, s, e in p.slices) <= 100_000 for p in parts)
+    assert all(p.topic == "t" for p in parts)
+    assert _plan("t", {0: (5, 5)}, 100) == []
 
 
 def test_one_long_queue_is_split_so_every_core_gets_a_share():
     parts = _plan("t", {0: (0, 1_000_000)}, 1_000_000, min_partitions=2)
-    assert [(p.start, p.end) for p in parts] == [(0, 500_000), (500_000, 1_000_000)]
+    assert [p.slices for p in parts] == [((0, 0, 500_000),), ((0, 500_000, 1_000_000),)]
     # never below MIN_SLICE offsets per partition, never above maxOffsetsPerPartition
     assert len(_plan("t", {0: (0, 40_000)}, 1_000_000, min_partitions=8)) == 2
     assert len(_plan("t", {0: (0, 3_000_000)}, 1_000_000, min_partitions=2)) == 3
+
+
+def test_short_queues_share_a_task_instead_of_one_task_per_queue():
+    """A Spark task costs ~0.1-0.2 s of CPU whatever it reads: 16 queues of 1000 offsets were 16
+    tasks; they are one now, and 4 queues of 250k offsets on 2 cores are 2 tasks, not 4."""
+    short = _plan("t", {q: (0, 1000) for q in range(16)}, 1_000_000, min_partitions=2)
+    assert len(short) == 1 and short[0].slices == tuple((q, 0, 1000) for q in range(16))
+    four = _plan("t", {q: (0, 250_000) for q in range(4)}, 1_000_000, min_partitions=2)
+    assert [p.slices for p in four] == [((0, 0, 250_000), (1, 0, 250_000)), ((2, 0, 250_000), (3, 0, 250_000))]
+    # uneven queues: equal runs of offsets across queue boundaries
+    mixed = _plan("t", {0: (0, 3 * MIN_SLICE), 1: (0, MIN_SLICE)}, 1_000_000, min_partitions=2)
+    assert [p.slices for p in mixed] == [((0, 0, 2 * MIN_SLICE),), ((0, 2 * MIN_SLICE, 3 * MIN_SLICE), (1, 0, MIN_SLICE))]
 
 
 def test_max_rows_is_shared_fairly_and_never_exceeded():

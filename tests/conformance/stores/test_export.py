@@ -7,6 +7,7 @@ import json
 import os
 
 import pyarrow as pa
+import pytest
 
 from equeue_core import msgid
 from equeue_core.export import BROKER_INFO, arrow_schema
@@ -74,3 +75,37 @@ def test_export_of_a_closed_store_reads_everything(harness):
     assert table.num_rows == 1000
     assert table.column("queue_offset").to_pylist() == list(range(1000))
     assert table.column("body").to_pylist()[999] == body_for(T, 0, 999)
+
+
+def test_export_checks_a_batch_of_records_at_once_and_names_a_damaged_one(harness, monkeypatch):
+    """Every exported record is verified (size, magic, position, crc), by one batched crc call per
+    span of records rather than one Python call per record (the cost that held Spark reads of the
+    key-value stores at ~1 us a row); a damaged record still stops the export, named exactly."""
+    from equeue_core import record
+    from equeue_core.errors import CorruptRecordError
+
+    from .test_corruption import flip_last_byte
+
+    h = harness.open()
+    append(h, T, 0, 300)
+    res = append(h, T, 0, 3)
+    last = res.positions[2]
+    size = len(h.store.read_queue(T, 0, 302, 1, 1 << 20).records)
+    h.store.flush()
+    crc_calls: list[int] = []
+    batched = record.crc_spans
+    monkeypatch.setattr(record, "crc_spans", lambda data, starts, ends: crc_calls.append(len(starts))
+                        or batched(data, starts, ends))
+    reader = harness.reader()
+    offsets = [o for b in reader.export(T, 0, 0, 303) for o in b.column("queue_offset").to_pylist()]
+    assert offsets == list(range(303))
+    assert sum(crc_calls) == 303 and len(crc_calls) <= 3, crc_calls
+    h.close()
+
+    opened = harness.open()
+    flip_last_byte(harness, opened, res.positions[0], last, size)
+    opened.close()
+    with pytest.raises(CorruptRecordError) as err:
+        for _ in harness.reader().export(T, 0, 0, 303):
+            pass
+    assert err.value.details == {"topic": T, "queue_id": 0, "offset": 302, "position": last}
