@@ -5,7 +5,8 @@
 `feed(n)` parses whatever whole frames are now there. What it guarantees:
 
 - Memory per connection is bounded by what the peer has actually sent of the current frame (at most
-  about twice that, plus a 16 KiB scratch buffer): a head that *announces* 16 MiB pins kilobytes, not 16 MiB.
+  about twice that, plus a 16 KiB scratch buffer), or by the frame's size when it is at most
+  DIRECT_MAX (below): a head that *announces* 16 MiB pins kilobytes, not 16 MiB.
 - A length prefix over `max_frame` is never buffered: the reader reports it (`on_oversized`, with the
   parsed head so the caller can answer that request id) and then discards exactly that many bytes,
   so the stream stays in step and the connection stays usable.
