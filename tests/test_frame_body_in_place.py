@@ -5,13 +5,17 @@ whatever pieces the bytes arrive in, the frame comes out intact, its body is a b
 
 from __future__ import annotations
 
+import asyncio
 import random
 
+import pytest
 from equeue_plugins.transport_tcp.framing import DIRECT_MAX, MIN_READ, SCRATCH_SIZE, FrameReader
 
 from equeue_core import frame as wire
 from equeue_core.client import Message, Producer
 from tests.helpers.consume import consume
+
+from .conformance.transports.harness import ECHO, ScriptedHandler, run, settings, transport, wait_until
 
 
 class Collected:
@@ -124,3 +128,32 @@ def test_a_1_kib_send_batch_stamped_in_the_receive_buffer_is_stored_and_consumed
     assert len(sent) == len(bodies)
     col = consume(file_broker.address, "g", "big", len(bodies), timeout=120)
     assert sorted(b for *_, b in col.items) == sorted(bodies)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_tcp_peer_stalled_inside_a_body_received_in_place_is_closed_and_a_whole_one_is_echoed(loop: str) -> None:
+    """A 1 MiB frame whose head, header and part of the body came, then nothing: still a
+    slow-loris (closed after frame_read_timeout); the same frame sent whole is answered intact."""
+    async def main() -> None:
+        t = transport("tcp")
+        timeout = 0.5
+        server = await t.serve("127.0.0.1", 0, ScriptedHandler(), settings(frame_read_timeout=timeout))
+        port = server.address[1]
+        body = random.Random(7).randbytes(1024 * 1024)
+        data = wire.encode_bytes(wire.Frame(ECHO, request_id=11, header={"h": 1}, body=body))
+        stalled_r, stalled_w = await asyncio.open_connection("127.0.0.1", port)
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            stalled_w.write(data[:300_000])
+            await wait_until(lambda: sum(c.reader.partial for c in server.connections.values()) == 1,
+                             what="part of the body received")
+            assert await asyncio.wait_for(stalled_r.read(), timeout * 20) == b""  # closed by the server
+            w.write(data)
+            prefix = await asyncio.wait_for(r.readexactly(4), 10)
+            reply = wire.decode(prefix + await r.readexactly(wire.frame_length(prefix)))
+            assert reply.request_id == 11 and bytes(reply.body) == body
+        finally:
+            stalled_w.close()
+            w.close()
+            await server.close()
+    run(loop, main, timeout=60)
