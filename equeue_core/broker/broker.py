@@ -335,7 +335,10 @@ class Broker:
         self.topics.check_queue(topic, queue_id)
         if not frame.body:
             raise InvalidMessageError("a send carries at least one message")
-        batch = bytearray(frame.body)
+        body = frame.body
+        # A bytearray body is the request's own (transport contract, framing.py): stamp it in
+        # place; any other body (bytes, a memoryview of a shared buffer) is copied first.
+        batch = body if type(body) is bytearray else bytearray(body)
         try:
             starts = record.scan(batch, topic=topic.encode(), max_body=self.config.max_body_size)
         except CorruptRecordError as e:

@@ -5,7 +5,8 @@
 `feed(n)` parses whatever whole frames are now there. What it guarantees:
 
 - Memory per connection is bounded by what the peer has actually sent of the current frame (at most
-  about twice that, plus a 16 KiB scratch buffer): a head that *announces* 16 MiB pins kilobytes, not 16 MiB.
+  about twice that, plus a 16 KiB scratch buffer), or by the frame's size when it is at most
+  DIRECT_MAX (below): a head that *announces* 16 MiB pins kilobytes, not 16 MiB.
 - A length prefix over `max_frame` is never buffered: the reader reports it (`on_oversized`, with the
   parsed head so the caller can answer that request id) and then discards exactly that many bytes,
   so the stream stays in step and the connection stays usable.
@@ -15,6 +16,15 @@
   no longer be cut into frames: `on_fatal` is called and the caller closes the connection.
 - A large frame is received into a buffer that is then handed to the Frame (its body is a
   memoryview over it), so a 15 MiB body is not copied again after it arrives.
+- A frame of up to DIRECT_MAX bytes (a producer's default batch is ~1 MiB), or one of which at least
+  half has arrived, has its body received straight into one bytearray of exactly the body's size
+  once its head and header are in: no growth copies, no zero-filled doublings. That bytearray
+  becomes `Frame.body` and belongs to the frame alone (nothing else references it), so a handler
+  may write into it (the broker stamps a send's records in place). Only such a body is a
+  bytearray; every other body is a bytes object or a memoryview. An incomplete frame thus pins at
+  most DIRECT_MAX (or about twice what arrived) plus the scratch, within what a connection may
+  already pin in unanswered requests (max_connection_bytes, 64 MiB); a connection stalled in the
+  middle of it is closed after frame_read_timeout. An idle connection still holds the scratch only.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from equeue_core.errors import FrameTooLargeError, ProtocolError
 SCRATCH_SIZE = 16 * 1024  # initial receive buffer per connection (what an idle connection holds)
 MIN_READ = 16 * 1024  # never offer the kernel less room than this
 HANDOVER_MIN = 128 * 1024  # frames at least this big keep their receive buffer instead of a copy
+DIRECT_MAX = 2 * 1024 * 1024  # frames up to this size get their body buffer as soon as the header is in
 
 Head = tuple[int, int, int, int, int, int, int, int]  # wire.HEAD fields
 
@@ -34,7 +45,7 @@ Head = tuple[int, int, int, int, int, int, int, int]  # wire.HEAD fields
 class FrameReader:
     """Incremental frame parser over a growable bytearray (see the module docstring)."""
 
-    __slots__ = ("_buf", "_start", "_end", "_need", "_head", "_discard", "max_frame",
+    __slots__ = ("_buf", "_start", "_end", "_need", "_head", "_discard", "_body", "_got", "_prefix", "max_frame",
                  "on_frame", "on_oversized", "on_bad_frame", "on_fatal")
 
     def __init__(self, max_frame: int,
@@ -53,20 +64,29 @@ class FrameReader:
         self._need = 0  # total size of the frame at _start once its head is parsed, else 0
         self._head: Head = (0, 0, 0, 0, 0, 0, 0, 0)  # that head (checked), while _need is set
         self._discard = 0  # bytes of an oversized frame still to throw away
+        self._body: bytearray | None = None  # the current frame's body, received in place (see docstring)
+        self._got = 0  # bytes of _body received so far
+        self._prefix = b""  # that frame's head and header
 
     @property
     def partial(self) -> bool:
         """True while part of a frame has arrived and the rest has not (what slow-loris checks)."""
-        return self._end > self._start or self._discard > 0
+        return self._end > self._start or self._discard > 0 or self._body is not None
 
     @property
     def buffered(self) -> int:
         """Bytes of memory this reader holds (for tests that check nothing is pinned)."""
-        return len(self._buf)
+        body = self._body
+        return len(self._buf) + (len(body) if body is not None else 0)
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Room for the next read. Grows only when unparsed data fills the buffer, so capacity
-        stays within about 2x what the peer really sent (never the size a head merely claims)."""
+        stays within about 2x what the peer really sent (never the size a head merely claims).
+        While a body is received in place, the rest of that body (never more: the next frame's
+        bytes land in the scratch)."""
+        body = self._body
+        if body is not None:
+            return memoryview(body)[self._got:]
         buf = self._buf
         if self._discard:
             # Reads of an oversized frame land at the start of the scratch buffer and are dropped.
@@ -90,6 +110,12 @@ class FrameReader:
 
     def feed(self, nbytes: int) -> None:
         """`nbytes` were written into the last buffer: parse every whole frame now available."""
+        body = self._body
+        if body is not None:
+            self._got += nbytes
+            if self._got == len(body):
+                self._deliver_body()
+            return
         if self._discard:
             take = min(nbytes, self._discard)
             self._discard -= take
@@ -136,6 +162,10 @@ class FrameReader:
                     return
             need = self._need
             if avail < need:
+                header_end = wire.HEAD_SIZE + self._head[7]
+                if (avail >= header_end and need >= HANDOVER_MIN
+                        and (need <= DIRECT_MAX or 2 * avail >= need)):
+                    self._receive_body_in_place(header_end)
                 break
             start = self._start
             if start == 0 and need >= HANDOVER_MIN:
@@ -161,8 +191,34 @@ class FrameReader:
             if self._buf is not buf:  # a callback closed us and reset the buffer
                 return
 
+    def _receive_body_in_place(self, header_end: int) -> None:
+        """Head and header are in the scratch: move them out, and the body's first bytes into a
+        bytearray of exactly the body's size that the next reads fill (get_buffer)."""
+        start, end = self._start, self._end
+        src = memoryview(self._buf)
+        self._prefix = bytes(src[start:start + header_end])
+        body = bytearray(self._need - header_end)
+        got = end - start - header_end
+        body[:got] = src[start + header_end:end]
+        self._body, self._got = body, got
+        self._start = self._end = 0
+        if len(self._buf) > SCRATCH_SIZE:  # a grown scratch goes back to its idle size
+            self._buf = bytearray(SCRATCH_SIZE)
+
+    def _deliver_body(self) -> None:
+        """The body received in place is complete: hand it over as the frame's body."""
+        body, prefix = self._body, self._prefix
+        self._body, self._got, self._prefix, self._need = None, 0, b"", 0
+        try:
+            decoded = decode(prefix, self._head)
+        except ProtocolError as e:
+            self.on_bad_frame(self._head, e)
+            return
+        self.on_frame(wire.Frame(decoded.code, decoded.request_id, decoded.flags, decoded.header, body))
+
     def _reset(self) -> None:
-        self._start = self._end = self._need = self._discard = 0
+        self._start = self._end = self._need = self._discard = self._got = 0
+        self._body, self._prefix = None, b""
         self._buf = bytearray(0)
 
 
