@@ -37,7 +37,8 @@ from equeue_plugins.transport_tcp.framing import FrameReader, Head, WriteCoalesc
 from equeue_core import frame as wire
 from equeue_core.admission import RequestAdmission
 from equeue_core.contracts import ServerHandler, TransportSettings
-from equeue_core.errors import EQueueError, FrameTooLargeError, ProtocolError, TooManyConnectionsError
+from equeue_core.errors import FrameTooLargeError, ProtocolError, TooManyConnectionsError
+from equeue_core.server_answers import answer, answer_now, plain_details
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         err = TooManyConnectionsError(f"the broker has reached its limit of {limit} connections",
                                       limit=limit)
         log.warning("refusing the connection from %s: %s", self.peer, err)
-        refusal = wire.Frame(0, 0, 0).error_response(err.code, str(err), **_plain(err.details))
+        refusal = wire.Frame(0, 0, 0).error_response(err.code, str(err), **plain_details(err.details))
         assert self._transport is not None and self._writer is not None
         self._writer.write(wire.encode(refusal))
         self._writer.flush()
@@ -247,19 +248,12 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         return False
 
     def _answer_now(self, request: wire.Frame) -> bool:
-        try:
-            response = self._handler.handle_now(self, request)  # type: ignore[attr-defined]
-        except EQueueError as e:
-            response = request.error_response(e.code, str(e), **_plain(e.details))
-        except Exception as e:
-            log.exception("handler failed on request code %s", request.code)
-            response = request.error_response("error", f"{type(e).__name__}: {e}")
-        else:
-            if response is not None and type(response) is not wire.Frame:  # the rest must wait
-                task = self._loop.create_task(self._serve_rest(request, response))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-                return False
+        response = answer_now(self._handler, self, request)
+        if response is not None and type(response) is not wire.Frame:  # the rest must wait
+            task = self._loop.create_task(self._serve_rest(request, response))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return False
         self._respond(request, response)
         return True
 
@@ -279,19 +273,7 @@ class TcpServerConnection(asyncio.BufferedProtocol):
             self.last_activity = self._loop.time()
 
     async def _answer(self, request: wire.Frame, rest: Awaitable[wire.Frame | None] | None) -> None:
-        try:
-            if rest is None:
-                response = await self._handler.handle(self, request)
-            else:
-                response = await rest
-        except asyncio.CancelledError:
-            raise
-        except EQueueError as e:
-            response = request.error_response(e.code, str(e), **_plain(e.details))
-        except Exception as e:
-            log.exception("handler failed on request code %s", request.code)
-            response = request.error_response("error", f"{type(e).__name__}: {e}")
-        self._respond(request, response)
+        self._respond(request, await answer(self._handler, self, request, rest))
 
     def _respond(self, request: wire.Frame, response: wire.Frame | None) -> None:
         if response is None or request.is_oneway or self._closed:
@@ -301,7 +283,7 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         try:
             buffers = wire.encode(response, self._max_frame)
         except FrameTooLargeError as e:
-            buffers = wire.encode(request.error_response(e.code, str(e), **_plain(e.details)))
+            buffers = wire.encode(request.error_response(e.code, str(e), **plain_details(e.details)))
         assert self._writer is not None
         self._admission.responded(self._writer.write(buffers))
         if self._admission.blocked:  # look again once this iteration's writes have left
@@ -337,15 +319,6 @@ class TcpServerConnection(asyncio.BufferedProtocol):
             self._timer = self._loop.call_at(due, self._check_stalled)
 
 
-def _plain(details: Mapping[str, object]) -> dict[str, object]:
-    """Error details as msgpack-safe values (anything else becomes its str). Used for errors the
-    transport answers itself: a handler that raised an EQueueError, a response over the frame
-    maximum, the too_many_connections refusal. Broker.handle and dispatch() answer a handler's
-    errors themselves and leave out details that are not int/str/float (docs/protocol.md)."""
-    out: dict[str, object] = {}
-    for k, v in details.items():
-        out[str(k)] = v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
-    return out
 
 
 class TcpServer:

@@ -188,12 +188,3 @@ def set_common_options(sock: zmq.Socket, socket_buffer: int, heartbeat_ivl: floa
     sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(heartbeat_ivl * 1000)))
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(heartbeat_timeout * 1000)))
     sock.setsockopt(zmq.HEARTBEAT_TTL, max(100, int(heartbeat_timeout * 1000)))
-
-
-def plain(details: dict) -> dict:
-    """Error details as msgpack-safe values (anything else becomes its str). Used for errors the
-    transport answers itself: a handler that raised an EQueueError, a response over the frame
-    maximum. Broker.handle and dispatch() answer a handler's errors themselves and leave out
-    details that are not int/str/float (docs/protocol.md, "Error frames")."""
-    return {str(k): v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
-            for k, v in details.items()}

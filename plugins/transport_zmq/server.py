@@ -49,7 +49,6 @@ from equeue_plugins.transport_zmq.parts import (
     FrameBatcher,
     error_for_head,
     parse_message,
-    plain,
     set_common_options,
 )
 from equeue_plugins.transport_zmq.pump import SocketPump
@@ -58,7 +57,8 @@ from zmq.utils.monitor import parse_monitor_message
 from equeue_core import frame as wire
 from equeue_core.admission import RequestAdmission
 from equeue_core.contracts import ServerHandler, TransportSettings
-from equeue_core.errors import EQueueError, FrameTooLargeError, ProtocolError, TooManyConnectionsError
+from equeue_core.errors import FrameTooLargeError, ProtocolError, TooManyConnectionsError
+from equeue_core.server_answers import answer, answer_now, plain_details
 
 log = logging.getLogger(__name__)
 
@@ -375,17 +375,10 @@ class ZmqServer:
     # ------------------------------------------------------------ answering
 
     def _answer_now(self, conn: ZmqServerConnection, request: wire.Frame) -> bool:
-        try:
-            response = self.handler.handle_now(conn, request)  # type: ignore[attr-defined]
-        except EQueueError as e:
-            response = request.error_response(e.code, str(e), **plain(e.details))
-        except Exception as e:
-            log.exception("handler failed on request code %s", request.code)
-            response = request.error_response("error", f"{type(e).__name__}: {e}")
-        else:
-            if response is not None and type(response) is not wire.Frame:  # the rest must wait
-                conn._track(self._loop.create_task(self._serve_rest(conn, request, response)))
-                return False
+        response = answer_now(self.handler, conn, request)
+        if response is not None and type(response) is not wire.Frame:  # the rest must wait
+            conn._track(self._loop.create_task(self._serve_rest(conn, request, response)))
+            return False
         self._respond(conn, request, response)
         return True
 
@@ -407,19 +400,7 @@ class ZmqServer:
 
     async def _answer(self, conn: ZmqServerConnection, request: wire.Frame,
                       rest: Awaitable[wire.Frame | None] | None) -> None:
-        try:
-            if rest is None:
-                response = await self.handler.handle(conn, request)
-            else:
-                response = await rest
-        except asyncio.CancelledError:
-            raise
-        except EQueueError as e:
-            response = request.error_response(e.code, str(e), **plain(e.details))
-        except Exception as e:
-            log.exception("handler failed on request code %s", request.code)
-            response = request.error_response("error", f"{type(e).__name__}: {e}")
-        self._respond(conn, request, response)
+        self._respond(conn, request, await answer(self.handler, conn, request, rest))
 
     def _respond(self, conn: ZmqServerConnection, request: wire.Frame, response: wire.Frame | None) -> None:
         if response is None or request.is_oneway or conn._closed:
@@ -429,7 +410,7 @@ class ZmqServer:
         try:
             buffers = wire.encode(response, self.settings.max_frame_size)
         except FrameTooLargeError as e:
-            buffers = wire.encode(request.error_response(e.code, str(e), **plain(e.details)))
+            buffers = wire.encode(request.error_response(e.code, str(e), **plain_details(e.details)))
         self._write(conn.identity, buffers)
         conn.admission.responded(sum(len(b) for b in buffers))
         if conn.admission.blocked:  # look again once this iteration's replies have left
