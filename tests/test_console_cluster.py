@@ -19,6 +19,8 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
 from equeue_core.client import AdminClient, Consumer, Message, Producer
+from equeue_core.client.nameserver import NameServerClient
+from equeue_core.errors import TopicNotFoundError
 from tests.helpers.broker import BrokerProcess
 from tests.helpers.console import ConsoleProcess, chromium_driver, fresh_profile, save_screenshot
 from tests.helpers.nameserver import NameServerProcess, cluster_args, wait_for
@@ -41,6 +43,13 @@ def two_brokers(tmp_path_factory):
         with AdminClient(nameserver=ns.address) as admin:
             wait_for(lambda: {b.name for b in admin.brokers()} == set(NAMES), 30, what="both brokers registered")
         yield ns.address, brokers
+
+
+def _has_route(ns: NameServerClient, topic: str) -> bool:
+    try:
+        return bool(ns.get_route(topic))
+    except TopicNotFoundError:
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -260,6 +269,10 @@ def test_dlq_of_one_broker_is_resent_from_the_page_by_that_broker(two_brokers, c
 
     with Producer(brokers["broker-b"].address) as p:
         p.send_batch([Message("cluster-pay", b"fine"), Message("cluster-pay", b"poison")])
+    # the topic was made on broker-b directly: the name server hears of it at broker-b's next
+    # registration, and a consumer started before that has no route to subscribe to
+    with NameServerClient(nameserver) as ns:
+        wait_for(lambda: _has_route(ns, "cluster-pay"), 60, interval=0.2, what="a route for cluster-pay")
     consumer = Consumer("cluster-payers", nameserver=nameserver, consume_from="first", max_reconsume_times=0,
                         commit_interval=0.5, route_refresh_s=1.0, rebalance_interval=1.0)
     consumer.subscribe("cluster-pay").start(handler)
