@@ -9,7 +9,7 @@ import asyncio
 import random
 
 import pytest
-from equeue_plugins.transport_tcp.framing import DIRECT_MAX, MIN_READ, SCRATCH_SIZE, FrameReader
+from equeue_plugins.transport_tcp.framing import IN_PLACE_RATIO, MIN_READ, SCRATCH_SIZE, FrameReader
 
 from equeue_core import frame as wire
 from equeue_core.client import Message, Producer
@@ -68,13 +68,34 @@ def test_a_1_mib_frame_arriving_in_small_pieces_is_received_intact_into_a_body_o
     assert not reader.partial and reader.buffered <= SCRATCH_SIZE + MIN_READ
 
 
+def test_a_head_announcing_a_large_frame_pins_only_a_multiple_of_what_arrived() -> None:
+    """No amplification: a peer that sends a head announcing 1.5 MiB and then little of the body
+    (a slow-loris) makes the reader hold about IN_PLACE_RATIO x what it sent, not the 1.5 MiB."""
+    body = b"s" * 1_500_000
+    stream = wire.encode_bytes(wire.Frame(1, 9, 0, {"topic": "t"}, body))
+    got = Collected()
+    reader = got.reader()
+    sent = 0
+    for piece in (64, 4096, 16_000, 60_000):  # the head, then a little of the body at a time
+        buf = reader.get_buffer(-1)
+        n = min(len(buf), piece)
+        buf[:n] = stream[sent:sent + n]
+        reader.feed(n)
+        sent += n
+        assert reader.partial and reader.buffered <= max(IN_PLACE_RATIO * sent, 2 * sent + SCRATCH_SIZE) + MIN_READ, \
+            (sent, reader.buffered)
+    assert reader.buffered < len(body) // 2
+    feed_in_pieces(reader, stream[sent:], [100_000])
+    assert got.events == [("frame", 9)] and got.frames[0].body == body
+
+
 def test_a_max_size_frame_is_received_intact_and_the_next_one_too() -> None:
     max_frame = wire.DEFAULT_MAX_FRAME
     header = {"topic": "t"}
     overhead = len(wire.encode_bytes(wire.Frame(1, 1, 0, header, b"x"))) - 1
     body = random.Random(1).randbytes(max_frame - overhead)
     stream = wire.encode_bytes(wire.Frame(1, 1, 0, header, body), max_frame)
-    assert len(stream) == max_frame and max_frame > DIRECT_MAX
+    assert len(stream) == max_frame
     stream += wire.encode_bytes(wire.Frame(1, 2, 0, header, b"next"))
     got = Collected()
     reader = got.reader(max_frame)

@@ -5,8 +5,8 @@
 `feed(n)` parses whatever whole frames are now there. What it guarantees:
 
 - Memory per connection is bounded by what the peer has actually sent of the current frame (at most
-  about twice that, plus a 16 KiB scratch buffer), or by the frame's size when it is at most
-  DIRECT_MAX (below): a head that *announces* 16 MiB pins kilobytes, not 16 MiB.
+  IN_PLACE_RATIO (8) times that, plus a 16 KiB scratch buffer): a head that *announces* 16 MiB pins
+  kilobytes, not 16 MiB, and no head alone makes the reader allocate a large buffer.
 - A length prefix over `max_frame` is never buffered: the reader reports it (`on_oversized`, with the
   parsed head so the caller can answer that request id) and then discards exactly that many bytes,
   so the stream stays in step and the connection stays usable.
@@ -16,15 +16,14 @@
   no longer be cut into frames: `on_fatal` is called and the caller closes the connection.
 - A large frame is received into a buffer that is then handed to the Frame (its body is a
   memoryview over it), so a 15 MiB body is not copied again after it arrives.
-- A frame of up to DIRECT_MAX bytes (a producer's default batch is ~1 MiB), or one of which at least
-  half has arrived, has its body received straight into one bytearray of exactly the body's size
-  once its head and header are in: no growth copies, no zero-filled doublings. That bytearray
+- A large frame of which at least 1/IN_PLACE_RATIO has arrived (a producer's default batch of ~1 MiB:
+  once 128 KiB are in) has the rest of its body received straight into one bytearray of exactly
+  the body's size: no growth copies past that point, no zero-filled doublings. That bytearray
   becomes `Frame.body` and belongs to the frame alone (nothing else references it), so a handler
   may write into it (the broker stamps a send's records in place). Only such a body is a
   bytearray; every other body is a bytes object or a memoryview. An incomplete frame thus pins at
-  most DIRECT_MAX (or about twice what arrived) plus the scratch, within what a connection may
-  already pin in unanswered requests (max_connection_bytes, 64 MiB); a connection stalled in the
-  middle of it is closed after frame_read_timeout. An idle connection still holds the scratch only.
+  most IN_PLACE_RATIO times what arrived, plus the scratch; a connection stalled in the middle of
+  it is closed after frame_read_timeout. An idle connection still holds the scratch only.
 """
 
 from __future__ import annotations
@@ -37,7 +36,10 @@ from equeue_core.errors import FrameTooLargeError, ProtocolError
 SCRATCH_SIZE = 16 * 1024  # initial receive buffer per connection (what an idle connection holds)
 MIN_READ = 16 * 1024  # never offer the kernel less room than this
 HANDOVER_MIN = 128 * 1024  # frames at least this big keep their receive buffer instead of a copy
-DIRECT_MAX = 2 * 1024 * 1024  # frames up to this size get their body buffer as soon as the header is in
+# A frame's exact-size body buffer is allocated once 1/IN_PLACE_RATIO of the frame has arrived:
+# memory stays proportional to what the peer really sent (an announced size alone allocates nothing
+# big), and a 1 MiB batch pays the scratch's growth only up to 128 KiB.
+IN_PLACE_RATIO = 8
 
 Head = tuple[int, int, int, int, int, int, int, int]  # wire.HEAD fields
 
@@ -163,8 +165,7 @@ class FrameReader:
             need = self._need
             if avail < need:
                 header_end = wire.HEAD_SIZE + self._head[7]
-                if (avail >= header_end and need >= HANDOVER_MIN
-                        and (need <= DIRECT_MAX or 2 * avail >= need)):
+                if avail >= header_end and need >= HANDOVER_MIN and IN_PLACE_RATIO * avail >= need:
                     self._receive_body_in_place(header_end)
                 break
             start = self._start
