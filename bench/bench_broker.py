@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.answer_window import AnswerWindow  # noqa: E402
 from bench.counting import CountingHandler  # noqa: E402
 from tests.helpers.broker import BrokerProcess, free_port  # noqa: E402
 
@@ -61,15 +62,10 @@ def role_produce(address: str, topic: str, count: int, size: int, mode: str) -> 
             for _ in range(count // 1000):
                 p.send_batch(msgs)
         elif mode == "async":
-            window = []
+            window = AnswerWindow()
             for _ in range(count):
-                window.append(p.send_async(Message(topic, body)))
-                if len(window) >= 20000:
-                    for f in window:
-                        f.result()
-                    window.clear()
-            for f in window:
-                f.result()
+                window.add(p.send_async(Message(topic, body)))
+            window.drain()
         else:
             for _ in range(count):
                 p.send(Message(topic, body))

@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.answer_window import AnswerWindow  # noqa: E402
 from bench.counting import CountingHandler  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
 from tests.helpers.nameserver import NameServerProcess, cluster_args  # noqa: E402
@@ -55,15 +56,10 @@ def role_produce(nameserver: str, topic: str, count: int, size: int) -> dict:
     with Producer(nameserver=nameserver) as p:
         p.send(Message(topic, body))  # routes and connections warm
         start = time.perf_counter()
-        window = []
+        window = AnswerWindow()
         for _ in range(count):
-            window.append(p.send_async(Message(topic, body)))
-            if len(window) >= 20_000:
-                for f in window:
-                    f.result()
-                window.clear()
-        for f in window:
-            f.result()
+            window.add(p.send_async(Message(topic, body)))
+        window.drain()
         elapsed = time.perf_counter() - start
     return {"count": count, "seconds": elapsed}
 

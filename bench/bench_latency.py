@@ -44,6 +44,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench.answer_window import AnswerWindow
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # tests.helpers; appended so a --baseline tree's equeue_core wins
@@ -151,15 +153,10 @@ def role_produce(address: str, topic: str, count: int, size: int) -> dict:
         p.send(Message(topic, body))
         cpu0 = time.process_time()
         start = time.perf_counter()
-        window = []
+        window = AnswerWindow()
         for _ in range(count):
-            window.append(p.send_async(Message(topic, body)))
-            if len(window) >= 20000:
-                for f in window:
-                    f.result()
-                window.clear()
-        for f in window:
-            f.result()
+            window.add(p.send_async(Message(topic, body)))
+        window.drain()
         elapsed = time.perf_counter() - start
         cpu = time.process_time() - cpu0
     return {"count": count, "msgs_per_s": count / elapsed, "cpu_us_per_msg": cpu * 1e6 / count}
@@ -179,15 +176,10 @@ def role_scan(address: str, topics: int, queues: int, count: int) -> dict:
         for t in names:
             p.send(Message(t, body))
         start = time.perf_counter()
-        window = []
+        window = AnswerWindow()
         for i in range(count):
-            window.append(p.send_async(Message(names[i % topics], body)))
-            if len(window) >= 20000:
-                for f in window:
-                    f.result()
-                window.clear()
-        for f in window:
-            f.result()
+            window.add(p.send_async(Message(names[i % topics], body)))
+        window.drain()
         produce_s = time.perf_counter() - start
     total = count + topics
     seen = 0

@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.answer_window import AnswerWindow  # noqa: E402
 from bench.counting import CountingHandler  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
 
@@ -65,15 +66,10 @@ def role_produce(address: str, topics: list[str], count: int, size: int) -> dict
         for t in topics:
             p.send(Message(t, body))  # routes, not timed
         start = time.perf_counter()
-        window = []
+        window = AnswerWindow()
         for i in range(count):
-            window.append(p.send_async(Message(topics[i % len(topics)], body)))
-            if len(window) >= 20000:
-                for f in window:
-                    f.result()
-                window.clear()
-        for f in window:
-            f.result()
+            window.add(p.send_async(Message(topics[i % len(topics)], body)))
+        window.drain()
         elapsed = time.perf_counter() - start
     return {"count": count, "seconds": elapsed, "msgs_per_s": count / elapsed}
 

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.answer_window import AnswerWindow
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -52,15 +54,10 @@ def _measure(address: str, count: int, size: int, latency_count: int) -> dict:
     with Producer(address) as p:
         p.send(Message("bench", body))  # route and connection warm
         start = time.perf_counter()
-        window = []
+        window = AnswerWindow()
         for _ in range(count):
-            window.append(p.send_async(Message("bench", body)))
-            if len(window) >= 20_000:
-                for f in window:
-                    f.result()
-                window.clear()
-        for f in window:
-            f.result()
+            window.add(p.send_async(Message("bench", body)))
+        window.drain()
         elapsed = time.perf_counter() - start
         lat = []
         for _ in range(latency_count):

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from bench.answer_window import AnswerWindow
 from bench.counting import CountingHandler
 from bench.peers.common import chunks, latency_ms, paced, rate_row, stamp, summary, warmup_body
 
@@ -62,16 +63,11 @@ def produce(info: dict, system: str, name: str, size: int, count: int, mode: str
                 p.send_batch(msgs[:n])
                 done += n
         else:
-            window = []
+            window = AnswerWindow()
             for n in chunks(count, budget):
                 window.extend(p.send_async(Message(name, body)) for _ in range(n))
                 done += n
-                if len(window) >= 20000:
-                    for f in window:
-                        f.result()
-                    window.clear()
-            for f in window:
-                f.result()
+            window.drain()
         elapsed = time.perf_counter() - start
     return rate_row(done, elapsed)
 
