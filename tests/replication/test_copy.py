@@ -10,7 +10,7 @@ from equeue_core.client.admin import AdminClient
 from equeue_core.client.message import Message
 from equeue_core.client.producer import Producer
 from equeue_core.errors import NotMasterError
-from tests.conformance.stores.kit import open_store
+from tests.conformance.stores.kit import open_store, queue_bytes
 from tests.helpers.certs import session_certs
 from tests.helpers.waiting import wait_until
 
@@ -27,18 +27,6 @@ def _send(address: str, count: int, batch: int = 1000, start: int = 0) -> None:
                                   keys=[f"k{i}"]) for i in range(first, first + n)])
 
 
-def _queue_bytes(store, topic: str, q: int) -> bytes:
-    lo, hi = store.queue_range(topic, q)
-    out, off = [], lo
-    for _ in range(hi - lo + 1):
-        if off >= hi:
-            break
-        res = store.read_queue(topic, q, off, 4096, 1 << 24)
-        out.append(bytes(res.records))
-        off = res.next_offset
-    return b"".join(out)
-
-
 def _same_stores(store: str, a: str, b: str) -> int:
     """Open both data dirs (brokers stopped) and compare every queue's records; returns the count."""
     sa, sb = open_store(store, a), open_store(store, b)
@@ -48,8 +36,8 @@ def _same_stores(store: str, a: str, b: str) -> int:
         for topic, qids in sa.store.queues().items():
             for q in qids:
                 assert sa.store.queue_range(topic, q) == sb.store.queue_range(topic, q), (topic, q)
-                data = _queue_bytes(sa.store, topic, q)
-                assert data == _queue_bytes(sb.store, topic, q), f"{topic}/{q} differs on the replica"
+                data = queue_bytes(sa.store, topic, q)
+                assert data == queue_bytes(sb.store, topic, q), f"{topic}/{q} differs on the replica"
                 total += sa.store.queue_range(topic, q)[1] - sa.store.queue_range(topic, q)[0]
         return total
     finally:

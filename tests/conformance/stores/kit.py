@@ -91,6 +91,20 @@ def read_all(store: MessageStore, topic: str, queue_id: int, start: int, end: in
     return out
 
 
+def queue_bytes(store: MessageStore, topic: str, queue_id: int) -> bytes:
+    """The stored bytes of a queue's whole range, as pulls serve them: two stores hold the same
+    queue exactly when these are equal (a replica against its master)."""
+    lo, hi = store.queue_range(topic, queue_id)
+    out, offset = [], lo
+    for _ in range(hi - lo + 1):
+        if offset >= hi:
+            break
+        res = store.read_queue(topic, queue_id, offset, 4096, 1 << 24)
+        out.append(bytes(res.records))
+        offset = res.next_offset
+    return b"".join(out)
+
+
 @dataclass
 class Opened:
     """A store engine opened the way the broker opens it, with short names for its parts."""

@@ -11,7 +11,7 @@ import pytest
 from equeue_core.errors import StoreError
 from equeue_core.record import INDEX_ENTRY
 
-from .kit import Child, append, open_store
+from .kit import Child, append, open_store, queue_bytes
 
 TOPICS = (("orders", 0), ("orders", 1), ("audit", 0))
 SMALL_CHUNKS = {"chunk_size": 65536}  # the file store rolls chunks often; other stores ignore it
@@ -40,20 +40,6 @@ def _copy(src, dst, piece: int) -> int:
     raise AssertionError("copy did not finish")
 
 
-def _queue_bytes(store, topic: str, q: int) -> bytes:
-    lo, hi = store.queue_range(topic, q)
-    out, off = [], lo
-    for _ in range(hi - lo + 1):
-        if off >= hi:
-            break
-        res = store.read_queue(topic, q, off, 500, 1 << 24)
-        out.append(bytes(res.records))
-        off = res.next_offset
-    return b"".join(out)
-
-
-
-
 def _end_of(data: bytes) -> int:
     """One past the last record of a read_log answer (its stamped position + size)."""
     at = 0
@@ -70,7 +56,7 @@ def _same_queues(a, b) -> None:
     for topic, qids in a.store.queues().items():
         for q in qids:
             assert a.store.queue_range(topic, q) == b.store.queue_range(topic, q)
-            assert _queue_bytes(a.store, topic, q) == _queue_bytes(b.store, topic, q), f"{topic}/{q} differs"
+            assert queue_bytes(a.store, topic, q) == queue_bytes(b.store, topic, q), f"{topic}/{q} differs"
 
 
 def _chunk_files(data_dir: str) -> dict[str, bytes]:
@@ -120,7 +106,7 @@ def test_truncated_replica_drops_its_tail_and_copies_it_again(store_name, tmp_pa
         assert replica.engine.replica_log.end_position() == cut
         assert replica.store.queue_range("orders", 1) == (lo, cut_offset)
         for topic, q in TOPICS:  # no queue serves anything at or past the cut
-            data = _queue_bytes(replica.store, topic, q)
+            data = queue_bytes(replica.store, topic, q)
             assert all(p < cut for p in _positions(data))
         assert replica.engine.replica_log.read_log(cut, 1000) == b""
         _copy(master.engine.replica_log, replica.engine.replica_log, 7000)
