@@ -16,12 +16,12 @@ from equeue_core.client.message import Message
 from equeue_core.client.producer import Producer
 from equeue_core.codes import Code
 from equeue_core.errors import EQueueError
-from tests.conformance.stores.kit import open_store
+from tests.conformance.stores.kit import open_store, queue_bytes
 from tests.helpers.consume import consume
 from tests.helpers.waiting import wait_until
 
 from .group import log_text, master, replica, request, status, wait_caught_up, wait_in_sync
-from .test_copy import _queue_bytes, _same_stores
+from .test_copy import _same_stores
 
 TOPIC = "ledger"
 
@@ -134,7 +134,7 @@ def test_rejoining_old_master_truncates_what_it_stored_while_its_replica_was_awa
     assert _same_stores(store, str(r.data_dir), str(old.data_dir)) == 1700
     s = open_store(store, str(old.data_dir))
     try:
-        everything = b"".join(_queue_bytes(s.store, TOPIC, q) for q in s.store.queues()[TOPIC])
+        everything = b"".join(queue_bytes(s.store, TOPIC, q) for q in s.store.queues()[TOPIC])
     finally:
         s.close()
     assert b"unreplicated-" not in everything and b"after-699" in everything
