@@ -392,6 +392,24 @@ class BlockingClientConnection(Protocol):
     def close(self) -> None: ...
 
 
+class PipelinedBlockingConnection(BlockingClientConnection, Protocol):
+    """Optional on top of BlockingClientConnection (tcp and tls offer it): many requests in
+    flight on the one socket, for the LitePullConsumer's held pulls (client/lite_pull.py)."""
+
+    def write(self, frame: Frame) -> int:
+        """Send a request without waiting; its request id (the transport assigns it)."""
+        ...
+
+    def read(self, timeout: float) -> Frame | None:
+        """The next frame that arrives (any request id), None when none did within timeout;
+        the connection and the requests in flight stay as they are on a timeout."""
+        ...
+
+    def interrupt(self) -> None:
+        """From another thread: end a waiting `read` (it raises ConnectionLostError)."""
+        ...
+
+
 @runtime_checkable
 class Transport(Protocol):
     name: str

@@ -17,6 +17,12 @@ Guarantees:
   before every request of a busy sender (a server closes only connections idle far longer).
 - Push frames and responses to earlier, timed-out request ids are read and dropped.
 - Not thread-safe: the owner serializes requests (equeue_core.client.direct does).
+
+Pipelined use (contracts.PipelinedBlockingConnection; the LitePullConsumer's held pulls): `write`
+sends a request without waiting and returns its request id; `read` returns the next frame that
+arrives (any request id) or None when none came within its timeout, and keeps the connection (and
+a partly received frame) as it is on that timeout, so the requests in flight are still answered;
+`interrupt` (the one call allowed from another thread) ends a `read` that waits.
 """
 
 from __future__ import annotations
@@ -183,6 +189,61 @@ class BlockingTcpConnection:
             if not chunk:
                 raise ConnectionLostError(f"connection to {self.address} closed by the server")
             buf += chunk
+
+    # ------------------------------------------------------------ pipelined use
+
+    def write(self, frame: wire.Frame) -> int:
+        """Send `frame` as a request without waiting for its answer; its request id. Connects
+        first if needed (ConnectionLostError if that fails); FrameTooLargeError: nothing sent."""
+        request_id = next(self._ids)
+        frame.request_id = request_id
+        frame.flags &= ~(wire.FLAG_ONEWAY | wire.FLAG_RESPONSE | wire.FLAG_PUSH)
+        buffers = wire.encode(frame, self.settings.max_frame_size)
+        sock = self._sock
+        if sock is None:
+            try:
+                self.connect()
+            except TransportError as e:
+                raise ConnectionLostError(str(e)) from None
+            sock = self._sock
+            assert sock is not None
+        try:
+            self._write(sock, buffers)
+        except (OSError, ssl.SSLError) as e:
+            self.close()
+            raise ConnectionLostError(f"connection to {self.address} lost: {e}") from None
+        return request_id
+
+    def read(self, timeout: float) -> wire.Frame | None:
+        """The next frame from the server (a response to any request id, or a push), or None if
+        none arrived within `timeout` seconds (at least 1 ms). ConnectionLostError (the socket is
+        closed) if the connection broke or `interrupt` was called."""
+        sock = self._sock
+        if sock is None:
+            raise ConnectionLostError(f"not connected to {self.address}")
+        timeout = max(0.001, timeout)
+        try:
+            if timeout != self._timeout:
+                self._set_timeout(sock, timeout)
+            return self._read_frame(sock, time.monotonic() + timeout)
+        except (TimeoutError, BlockingIOError):
+            return None  # what arrived of a frame stays in self._buf for the next read
+        except (OSError, ssl.SSLError) as e:
+            self.close()
+            raise ConnectionLostError(f"connection to {self.address} lost: {e}") from None
+        except EQueueError:
+            self.close()
+            raise
+
+    def interrupt(self) -> None:
+        """End a `read` waiting in another thread (it raises ConnectionLostError): shut the
+        socket down (a plain close would leave that thread's recv waiting)."""
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
         sock, self._sock = self._sock, None

@@ -1,0 +1,251 @@
+"""LitePullConsumer (client/lite_pull.py): poll() in the caller's thread over held pulls on one
+blocking connection. Covers what a poll loop relies on: per-queue order, group membership and
+rebalance, at-least-once commits (a new consumer resumes after the committed offset, never past a
+message the caller did not come back from), timeouts, close() from another thread, and one-line
+errors. One broker for the module; each test uses its own topics and groups."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from equeue_core.client import AdminClient, LitePullConsumer, Message, Producer
+from equeue_core.codes import Code
+from equeue_core.errors import (
+    ClientClosedError,
+    ConfigError,
+    QueueNotFoundError,
+    TopicNotFoundError,
+    TransportError,
+)
+from tests.helpers.broker import BrokerProcess, free_port
+from tests.helpers.waiting import wait_until
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    b = BrokerProcess(tmp_path_factory.mktemp("lite") / "data").start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def _topic(broker: BrokerProcess, name: str, queues: int) -> str:
+    with AdminClient(broker.address) as admin:
+        admin.create_topic(name, queues)
+    return name
+
+
+def _send(broker: BrokerProcess, topic: str, bodies: list[bytes],
+          key_of=lambda i: f"key{i}") -> dict[int, list[bytes]]:
+    """Send one by one; the bodies per queue, in send order."""
+    per_queue: dict[int, list[bytes]] = {}
+    with Producer(broker.address) as p:
+        for i, body in enumerate(bodies):
+            per_queue.setdefault(p.send(Message(topic, body), routing_key=key_of(i)).queue_id, []).append(body)
+    return per_queue
+
+
+def _poll_until(c: LitePullConsumer, count: int, timeout: float = 20.0) -> list:
+    got: list = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        got += c.poll(0.5)
+    return got
+
+
+def test_assign_polls_every_sent_message_in_per_queue_order(broker):
+    topic = _topic(broker, "lite-order", 4)
+    bodies = [f"m{i:03d}".encode() for i in range(120)]
+    sent = _send(broker, topic, bodies)
+    with LitePullConsumer("lite-order-g", broker.address, consume_from="first", pull_batch=8) as c:
+        c.assign(topic)
+        assert c.assignment() == [(topic, q) for q in range(4)]
+        got = _poll_until(c, len(bodies))
+    assert sorted(m.body for m in got) == bodies  # each once
+    for q in range(4):
+        assert [m.body for m in got if m.queue_id == q] == sent.get(q, [])  # in send order
+        offsets = [m.queue_offset for m in got if m.queue_id == q]
+        assert offsets == list(range(len(offsets)))
+
+
+def test_assign_only_the_given_queues(broker):
+    topic = _topic(broker, "lite-some", 4)
+    sent = _send(broker, topic, [f"s{i}".encode() for i in range(40)])
+    wanted = sorted(sent.get(1, []) + sent.get(3, []))
+    assert 0 < len(wanted) < 40
+    with LitePullConsumer("lite-some-g", broker.address, consume_from="first") as c:
+        c.assign(topic, [1, 3])
+        got = _poll_until(c, len(wanted))
+        assert c.poll(0.3) == []
+    assert sorted(m.body for m in got) == wanted
+
+
+def test_poll_on_an_empty_topic_returns_nothing_once_its_timeout_passed(broker):
+    topic = _topic(broker, "lite-empty", 2)
+    with LitePullConsumer("lite-empty-g", broker.address) as c:
+        c.assign(topic)
+        start = time.monotonic()
+        assert c.poll(0.4) == []
+        assert time.monotonic() - start >= 0.35  # it waited (a lower bound: no flake under load)
+
+
+def test_a_message_sent_while_poll_waits_is_returned_by_that_poll(broker):
+    topic = _topic(broker, "lite-held", 2)
+    with LitePullConsumer("lite-held-g", broker.address) as c:
+        c.assign(topic)
+        assert c.poll(0.1) == []  # the held pulls are in flight now
+        timer = threading.Timer(0.3, _send, (broker, topic, [b"late"]))
+        timer.start()
+        try:
+            got = c.poll(20)
+        finally:
+            timer.join()
+    assert [m.body for m in got] == [b"late"]
+
+
+def test_commit_then_a_new_consumer_resumes_after_the_committed_offset(broker):
+    topic = _topic(broker, "lite-commit", 2)
+    _send(broker, topic, [f"c{i}".encode() for i in range(20)], key_of=lambda i: "k")  # one queue
+    c = LitePullConsumer("lite-commit-g", broker.address, consume_from="first", pull_batch=5)
+    c.assign(topic)
+    first = c.poll(10)
+    assert [m.body for m in first] == [f"c{i}".encode() for i in range(5)]
+    c.commit()
+    c.close()
+    with LitePullConsumer("lite-commit-g", broker.address, consume_from="first") as again:
+        again.assign(topic)
+        rest = _poll_until(again, 15)
+    assert [m.body for m in rest] == [f"c{i}".encode() for i in range(5, 20)]  # nothing lost, nothing twice
+
+
+def _committed(broker: BrokerProcess, group: str, topic: str, queue_id: int) -> int | None:
+    with AdminClient(broker.address) as admin:
+        return admin.request(Code.QUERY_OFFSET, {"group": group, "topic": topic, "queue_id": queue_id})["offset"]
+
+
+def test_auto_commit_and_close_commit_what_the_caller_came_back_from_but_not_the_last_poll(broker):
+    """At least once: the messages of the last poll (the caller did not come back from them) are
+    not committed, so the next consumer gets them again; the earlier ones are not repeated."""
+    topic = _topic(broker, "lite-auto", 1)
+    _send(broker, topic, [f"a{i}".encode() for i in range(12)])
+    c = LitePullConsumer("lite-auto-g", broker.address, consume_from="first", pull_batch=4,
+                         auto_commit_interval=0.0)
+    c.assign(topic)
+    assert [m.body for m in c.poll(10)] == [f"a{i}".encode() for i in range(4)]
+    assert _committed(broker, "lite-auto-g", topic, 0) is None  # nothing came back yet
+    assert [m.body for m in c.poll(10)] == [f"a{i}".encode() for i in range(4, 8)]
+    assert wait_until(lambda: _committed(broker, "lite-auto-g", topic, 0) == 4, 10)  # auto-commit
+    c.close()
+    assert _committed(broker, "lite-auto-g", topic, 0) == 4  # close did not commit a4-a7
+    with LitePullConsumer("lite-auto-g", broker.address, consume_from="first") as again:
+        again.assign(topic)
+        rest = _poll_until(again, 8)
+    assert [m.body for m in rest] == [f"a{i}".encode() for i in range(4, 12)]
+
+
+def test_two_subscribed_members_split_the_queues_and_the_survivor_takes_all(broker):
+    topic = _topic(broker, "lite-group", 4)
+    a = LitePullConsumer("lite-group-g", broker.address, consume_from="first", rebalance_interval=1.0)
+    b = LitePullConsumer("lite-group-g", broker.address, consume_from="first", rebalance_interval=1.0)
+    try:
+        a.subscribe(topic)
+        b.subscribe(topic)
+
+        def split() -> bool:
+            a.poll(0.01), b.poll(0.01)
+            qa, qb = set(a.assignment()), set(b.assignment())
+            return len(qa) == 2 and len(qb) == 2 and not qa & qb
+
+        assert wait_until(split, 20)
+        _send(broker, topic, [f"g{i}".encode() for i in range(40)])
+        got_a: list = []
+        got_b: list = []
+        deadline = time.monotonic() + 20
+        while len(got_a) + len(got_b) < 40 and time.monotonic() < deadline:
+            got_a += a.poll(0.1)
+            got_b += b.poll(0.1)
+        assert {m.queue_id for m in got_a} <= {q for _, q in a.assignment()}
+        assert {m.queue_id for m in got_b} <= {q for _, q in b.assignment()}
+        assert sorted(m.body for m in got_a + got_b) == sorted(f"g{i}".encode() for i in range(40))
+        a.commit()
+        b.commit()
+        b.close()
+        assert wait_until(lambda: a.poll(0.01) is not None and len(a.assignment()) == 4, 20)
+        _send(broker, topic, [f"h{i}".encode() for i in range(8)])
+        later = _poll_until(a, 8)
+        assert sorted(m.body for m in later) == sorted(f"h{i}".encode() for i in range(8))
+    finally:
+        a.close()
+        b.close()
+
+
+def test_seek_back_returns_the_messages_again(broker):
+    topic = _topic(broker, "lite-seek", 1)
+    _send(broker, topic, [f"k{i}".encode() for i in range(6)])
+    with LitePullConsumer("lite-seek-g", broker.address, consume_from="first") as c:
+        c.assign(topic)
+        assert len(_poll_until(c, 6)) == 6
+        c.seek(topic, 0, 2)
+        again = _poll_until(c, 4)
+        with pytest.raises(ConfigError, match="not assigned"):
+            c.seek(topic, 5, 0)
+    assert [m.body for m in again] == [f"k{i}".encode() for i in range(2, 6)]
+
+
+def test_tag_expression_returns_only_matching_messages(broker):
+    topic = _topic(broker, "lite-tags", 1)
+    with Producer(broker.address) as p:
+        for i in range(10):
+            p.send(Message(topic, f"t{i}".encode(), tag="even" if i % 2 == 0 else "odd"))
+    with LitePullConsumer("lite-tags-g", broker.address, consume_from="first") as c:
+        c.assign(topic, expression="even")
+        got = _poll_until(c, 5)
+        assert c.poll(0.2) == []
+    assert [m.body for m in got] == [f"t{i}".encode() for i in range(0, 10, 2)]
+
+
+def test_close_from_another_thread_ends_a_waiting_poll(broker):
+    topic = _topic(broker, "lite-close", 1)
+    c = LitePullConsumer("lite-close-wait-g", broker.address)
+    c.assign(topic)
+    result: list = []
+    poller = threading.Thread(target=lambda: result.append(c.poll(60)))
+    poller.start()
+    time.sleep(0.3)  # poll is waiting in recv by now (if not, it returns [] all the same)
+    c.close()
+    poller.join(15)
+    assert not poller.is_alive()
+    assert result == [[]]
+    with pytest.raises(ClientClosedError):
+        c.poll(0.1)
+
+
+def test_unknown_topic_and_queue_are_clear_errors(broker):
+    _topic(broker, "lite-known", 2)
+    with LitePullConsumer("lite-err-g", broker.address) as c:
+        with pytest.raises(TopicNotFoundError, match="lite-nope"):
+            c.assign("lite-nope")
+        with pytest.raises(QueueNotFoundError, match="0..1"):
+            c.assign("lite-known", [2])
+    with LitePullConsumer("lite-err-g", broker.address) as c:
+        with pytest.raises(TopicNotFoundError, match="lite-nope"):
+            c.subscribe("lite-nope")
+        c.subscribe("lite-known")
+        with pytest.raises(ConfigError, match="not both"):
+            c.assign("lite-known")
+
+
+def test_broker_down_is_a_transport_error():
+    port = free_port()  # nothing listens there
+    with LitePullConsumer("lite-down-g", f"127.0.0.1:{port}") as c:
+        with pytest.raises(TransportError, match=f"127.0.0.1:{port}"):
+            c.assign("anything")
+
+
+def test_zmq_address_is_refused_with_a_config_error():
+    with pytest.raises(ConfigError, match="tcp or tls"):
+        LitePullConsumer("lite-zmq-g", f"zmq://127.0.0.1:{free_port()}")
