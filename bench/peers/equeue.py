@@ -3,7 +3,8 @@ store), driven through the public client API (`equeue_core.client`).
 
 produce: `send_batch` of 1000 and `send_async` (auto batching); consume: one Consumer at its
 default settings draining a backlog; latency: `send` paced (each waits for its acknowledgement, as XADD does) and `send_async`
-paced (as the NATS and RabbitMQ senders, which do not wait), a Consumer in another process;
+paced (as the NATS and RabbitMQ senders, which do not wait), a LitePullConsumer polling in another
+process (and, as the extra `sleep-push` row, the push Consumer with a handler);
 single: `send` waiting for each answer. Durability: flush=async (fsync every flush_interval_ms)
 and flush=sync (a send is answered after its data is durable).
 """
@@ -26,7 +27,8 @@ PRODUCE_MODES = ["batch", "async"]
 SERVER_VARIANTS = [{"flush": "async"}, {"flush": "sync"}]  # sync: produce and single sends only
 # Latency rows only EQueue has: (mode, sender's thread spins, the Producer call); the table
 # compares them with the peers' row of the same sender behaviour.
-EXTRA_LATENCY_MODES = [("sleep-send_async", False, "send_async")]
+# The receiver is the LitePullConsumer unless the call ends in "/push" (the push Consumer).
+EXTRA_LATENCY_MODES = [("sleep-send_async", False, "send_async"), ("sleep-push", False, "send/push")]
 
 
 def durability(system: str, opts: dict) -> str:
@@ -108,7 +110,35 @@ def single(info: dict, system: str, name: str, size: int, count: int, budget: fl
 
 def latency_receiver(info: dict, system: str, name: str, size: int, count: int, rate: int, seconds: float,
                      spin: bool, call: str = "send") -> dict:
-    from equeue_core.client import Consumer, Message, Producer
+    """The LitePullConsumer (poll in this thread, as the Redis receiver's XREAD BLOCK); with a
+    `call` ending in "/push" (an EXTRA_LATENCY_MODES row) the push Consumer with a handler."""
+    from equeue_core.client import Message, Producer
+
+    with Producer(info["address"]) as p:
+        p.send(Message(name, warmup_body(size)))  # creates the topic before the consumer subscribes
+    if call.endswith("/push"):
+        return _push_latency(info, name, count, seconds)
+    from equeue_core.client import LitePullConsumer
+
+    lat: list[float] = []
+    c = LitePullConsumer(f"latency-{name}", info["address"], consume_from="last")
+    try:
+        c.subscribe(name)
+        c.poll(0.2)  # the first pulls are in flight before the sender starts
+        print("ready", flush=True)
+        deadline = time.monotonic() + seconds + 30
+        while len(lat) < count and time.monotonic() < deadline:
+            for m in c.poll(1.0):
+                ms = latency_ms(m.body)
+                if ms is not None:
+                    lat.append(ms)
+    finally:
+        c.close()
+    return summary(lat)
+
+
+def _push_latency(info: dict, name: str, count: int, seconds: float) -> dict:
+    from equeue_core.client import Consumer
 
     lat: list[float] = []
     lock = threading.Lock()
@@ -122,8 +152,6 @@ def latency_receiver(info: dict, system: str, name: str, size: int, count: int, 
                 if len(lat) >= count:
                     done.set()
 
-    with Producer(info["address"]) as p:
-        p.send(Message(name, warmup_body(size)))  # creates the topic before the consumer subscribes
     c = Consumer(f"latency-{name}", info["address"], consume_from="last",
                  offset_dir=info["offset_dir"])
     c.subscribe(name)
@@ -147,7 +175,7 @@ def latency_sender(info: dict, system: str, name: str, size: int, count: int, ra
 
     with Producer(info["address"]) as p:
         p.send(Message(name, warmup_body(size)))
-        send = p.send if call == "send" else p.send_async
+        send = p.send if call.split("/")[0] == "send" else p.send_async
         elapsed = paced(count, rate, spin, lambda i: send(Message(name, stamp(size))))
         p.flush()
     return rate_row(count, elapsed)

@@ -61,6 +61,9 @@ def _ratio_specs() -> list[tuple[str, tuple, tuple, bool]]:
     for stat in ("p50_ms", "p99_ms"):  # EQueue's send_async sender against the peers' sleeping one
         specs.append((f"latency {stat[:3]} paced, sender sleeps, EQueue send_async (peer / EQueue)",
                       ("latency", "sleep-send_async", 100, "async", stat), ("latency", "sleep", 100, None, stat), True))
+    for stat in ("p50_ms", "p99_ms"):  # EQueue's push Consumer (a handler) as the receiver
+        specs.append((f"latency {stat[:3]} paced, sender sleeps, EQueue push Consumer (peer / EQueue)",
+                      ("latency", "sleep-push", 100, "async", stat), ("latency", "sleep", 100, None, stat), True))
     return specs
 
 
