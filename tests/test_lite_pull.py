@@ -6,6 +6,8 @@ errors. One broker for the module; each test uses its own topics and groups."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -17,6 +19,7 @@ from equeue_core.errors import (
     ClientClosedError,
     ConfigError,
     QueueNotFoundError,
+    RequestTimeoutError,
     TopicNotFoundError,
     TransportError,
 )
@@ -249,3 +252,45 @@ def test_broker_down_is_a_transport_error():
 def test_zmq_address_is_refused_with_a_config_error():
     with pytest.raises(ConfigError, match="tcp or tls"):
         LitePullConsumer("lite-zmq-g", f"zmq://127.0.0.1:{free_port()}")
+
+
+@pytest.mark.parametrize("transport", ["tls"])
+def test_over_tls_poll_returns_messages_and_close_ends_a_waiting_poll(tmp_path, transport):
+    b = BrokerProcess(tmp_path / "data", transport=transport).start()
+    try:
+        topic = _topic(b, "lite-tls", 2)
+        sent = _send(b, topic, [f"t{i}".encode() for i in range(10)])
+        c = LitePullConsumer("lite-tls-g", b.address, consume_from="first")
+        c.assign(topic)
+        got = _poll_until(c, 10)
+        assert {q: [m.body for m in got if m.queue_id == q] for q in sent} == sent
+        result: list = []
+        poller = threading.Thread(target=lambda: result.append(c.poll(60)))
+        poller.start()
+        time.sleep(0.3)
+        c.close()
+        poller.join(15)
+        assert not poller.is_alive() and result == [[]]
+    finally:
+        b.stop()
+
+
+def test_a_broker_that_stops_answering_ends_poll_with_a_timeout_and_poll_recovers(broker):
+    """A hung broker (SIGSTOP: no FIN, no answers) must not leave poll returning [] for ever."""
+    topic = _topic(broker, "lite-hung", 1)
+    c = LitePullConsumer("lite-hung-g", broker.address, hold_ms=100, request_timeout=0.5)
+    try:
+        c.assign(topic)
+        assert c.poll(0.2) == []
+        os.kill(broker.proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(RequestTimeoutError, match="no answer from the broker"):
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:
+                    c.poll(0.2)
+        finally:
+            os.kill(broker.proc.pid, signal.SIGCONT)
+        _send(broker, topic, [b"after"])
+        assert [m.body for m in _poll_until(c, 1)] == [b"after"]
+    finally:
+        c.close()

@@ -126,16 +126,20 @@ class LitePullConsumer:
                  allocation: str = "averagely", pull_batch: int | None = None, hold_ms: int = 15000,
                  auto_commit: bool = True, auto_commit_interval: float = 5.0,
                  heartbeat_interval: float = 10.0, rebalance_interval: float = 20.0,
-                 client_id: str | None = None, **credentials: str | None) -> None:
+                 client_id: str | None = None, request_timeout: float = REQUEST_TIMEOUT,
+                 **credentials: str | None) -> None:
         """`pull_batch`: messages per pull of a queue (None: adaptive 32..1024, grows on a
-        backlog); `hold_ms`: how long the broker holds a pull that found nothing; credentials as
-        for Consumer (access_key, secret_key, tls_*). ConfigError for a transport without
-        blocking connections."""
+        backlog); `hold_ms`: how long the broker holds a pull that found nothing;
+        `request_timeout`: seconds a request may go unanswered, and a held pull beyond its
+        hold_ms, before the connection counts as dead (RequestTimeoutError; the next poll connects
+        again); credentials as for Consumer (access_key, secret_key, tls_*). ConfigError for a
+        transport without blocking connections."""
         self.group = group
         self.pull_batch = pull_batch
         self.hold_ms = max(1, int(hold_ms))
         self.auto_commit = auto_commit
         self.auto_commit_interval = auto_commit_interval
+        self.request_timeout = request_timeout
         link = BrokerConnection(broker, **credentials)  # not connected: address, settings, signer
         connect_blocking = getattr(get_plugin_manager().transport(link.address.transport),
                                    "connect_blocking", None)
@@ -160,6 +164,7 @@ class LitePullConsumer:
         self._ready: deque[tuple[QueueKey, Frame]] = deque()  # pull answers read, not yet taken
         self._id_prefix: str | None = None
         self._next_commit = time.monotonic() + auto_commit_interval
+        self._heard = time.monotonic()  # when a frame last arrived (or the pulls were first sent)
         self._polling = threading.Lock()
         self._closed = False
 
@@ -321,10 +326,24 @@ class LitePullConsumer:
                 continue
             frame = self._conn.read(remaining)
             if frame is None:
+                self._check_alive()
                 return []
+            self._heard = time.monotonic()
             self._route(frame)
 
+    def _check_alive(self) -> None:
+        """A broker that stopped answering (no FIN: a hung process, a cut network) would leave
+        poll returning [] for ever: a held pull unanswered request_timeout s past its hold_ms
+        ends the connection instead (RequestTimeoutError; the next poll starts over)."""
+        silent = time.monotonic() - self._heard
+        if self._pulls and silent > self.hold_ms / 1000 + self.request_timeout:
+            self._conn.close()
+            raise RequestTimeoutError(f"no answer from the broker for {silent:.1f}s (held pulls "
+                                      f"end after {self.hold_ms} ms)", timeout=self.request_timeout)
+
     def _pull(self, queue: _Queue) -> None:
+        if not self._pulls:
+            self._heard = time.monotonic()  # the silence is counted from the first pull in flight
         header = queue.header
         header["offset"] = queue.next_offset
         header["max_count"] = queue.batch.size
@@ -415,8 +434,9 @@ class LitePullConsumer:
             header = signed_header(self._signer, code, header, b"")
         return self._conn.write(Frame(int(code), 0, 0, header, b""))
 
-    def _call(self, code: int, header: dict[str, Any], timeout: float = REQUEST_TIMEOUT) -> Frame:
+    def _call(self, code: int, header: dict[str, Any]) -> Frame:
         """A request answered before this returns; pull answers read meanwhile wait in _ready."""
+        timeout = self.request_timeout
         request_id = self._write(code, header)
         deadline = time.monotonic() + timeout
         while True:
@@ -427,6 +447,7 @@ class LitePullConsumer:
                 self._lost()
                 raise RequestTimeoutError(f"no response to request {request_id} within {timeout}s",
                                           request_id=request_id, timeout=timeout)
+            self._heard = time.monotonic()
             if frame.request_id == request_id:
                 return raise_for_error(frame)
             self._route(frame)

@@ -41,6 +41,10 @@ from equeue_core.errors import ConnectionLostError, EQueueError, RequestTimeoutE
 
 RECV_SIZE = 64 * 1024
 STALE_CHECK_AFTER_S = 0.2  # idle this long: peek for a close by the server before writing
+# A read keeps the socket's timeout when it is at most this much longer than asked: a poll loop
+# asks for a slightly different remaining time on every call, and two setsockopt calls per read
+# cost more than the wait they would trim.
+READ_TIMEOUT_SLACK = 0.005
 _PEEK = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)  # an int: or-ing the enum flags per call costs ~2 us
 
 
@@ -216,14 +220,16 @@ class BlockingTcpConnection:
 
     def read(self, timeout: float) -> wire.Frame | None:
         """The next frame from the server (a response to any request id, or a push), or None if
-        none arrived within `timeout` seconds (at least 1 ms). ConnectionLostError (the socket is
+        none arrived within `timeout` seconds (at least 1 ms, at most READ_TIMEOUT_SLACK more).
+        ConnectionLostError (the socket is
         closed) if the connection broke or `interrupt` was called."""
         sock = self._sock
         if sock is None:
             raise ConnectionLostError(f"not connected to {self.address}")
         timeout = max(0.001, timeout)
         try:
-            if timeout != self._timeout:
+            current = self._timeout
+            if current is None or not timeout <= current <= timeout + READ_TIMEOUT_SLACK:
                 self._set_timeout(sock, timeout)
             return self._read_frame(sock, time.monotonic() + timeout)
         except (TimeoutError, BlockingIOError):
