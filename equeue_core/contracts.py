@@ -353,7 +353,11 @@ class ImmediateServerHandler(ServerHandler, Protocol):
     `handle_now` has done the request's synchronous part when it returns: a Frame (the answer)
     or None (no answer: one-way) means it is finished; anything else is an awaitable of the
     answer (Frame | None) that the transport awaits in a task. It answers errors itself (error
-    frames), like `handle`."""
+    frames), like `handle`. An awaitable that also has `listen(callback)` (a late answer,
+    equeue_core.broker.long_poll.LateAnswer: a held pull) may instead be given a callback, which
+    it calls synchronously with the answer when the answer is ready, so the transport can write
+    it in that loop turn; the transport then does not await it, and cancels it if the connection
+    goes away first."""
 
     now_codes: frozenset[int]
 

@@ -1,44 +1,137 @@
-"""A held pull resumes on the loop turn right after the arrival that wakes it (no extra waiter
-hop), times out with False, and leaves nothing registered either way."""
+"""A held pull is woken inside the arrival's own call (no loop turn in between), its late answer
+reaches a listening transport synchronously and is written in the appending turn, and nothing
+stays registered once it is answered, timed out or cancelled (its connection gone)."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 
-from equeue_core.broker.long_poll import PullHold
+from equeue_core import frame as wire
+from equeue_core.broker.long_poll import LateAnswer, PullHold
+from equeue_core.client.message import Message
+from equeue_core.codes import Code, PullStatus
+from equeue_core.frame import Frame
+from tests.helpers.broker import BrokerProcess
+from tests.test_fast_path import read_frames, send_frame
 
 
-def test_an_arrival_resumes_the_held_pull_on_the_next_loop_turn():
+def test_an_arrival_wakes_the_held_pull_inside_notify_itself():
+    hold = PullHold()
+    woken: list[str] = []
+    hold.park("t", 0, lambda: woken.append("a"))
+    hold.park("t", 0, lambda: woken.append("b"))
+    hold.park("t", 1, lambda: woken.append("other queue"))
+    assert hold.held == 3
+    hold.notify("t", 0)
+    assert woken == ["a", "b"]  # no loop turn needed: there is no loop here at all
+    assert hold.held == 1 and hold.queues() == [("t", 1)]
+    hold.notify("t", 0)  # nothing held there any more: nothing to do
+    assert woken == ["a", "b"]
+
+
+def test_a_discarded_waker_is_forgotten_and_never_called():
+    hold = PullHold()
+    called: list[int] = []
+
+    def waker() -> None:
+        called.append(1)
+
+    hold.park("t", 2, waker)
+    hold.discard("t", 2, waker)
+    hold.discard("t", 2, waker)  # twice is harmless
+    assert hold.held == 0 and hold.queues() == []
+    hold.notify("t", 2)
+    assert called == []
+
+
+def test_a_waker_that_parks_again_during_wake_all_waits_for_the_next_arrival():
+    hold = PullHold()
+    calls: list[int] = []
+
+    def waker() -> None:  # found nothing (a tag filter): hold on
+        calls.append(1)
+        hold.park("t", 3, waker)
+
+    hold.park("t", 3, waker)
+    hold.wake_all()
+    assert calls == [1] and hold.held == 1
+
+
+def test_a_late_answer_goes_to_its_listener_at_once_and_to_an_awaiting_task_otherwise():
     async def main() -> None:
-        hold = PullHold()
-        held = asyncio.ensure_future(hold.wait("t", 0, 30))
-        await asyncio.sleep(0)  # the pull is parked now
-        assert hold.held == 1
-        hold.notify("t", 0)
-        await asyncio.sleep(0)  # one turn of the loop
-        assert held.done() and held.result() is True
-        assert hold.held == 0
+        loop = asyncio.get_running_loop()
+        listened = LateAnswer(loop)
+        got: list = []
+        listened.listen(got.append)
+        answer = Frame(1, 7, 0, {"status": 0})
+        listened.answer(answer)
+        assert got == [answer]  # synchronously, inside answer()
+        listened.answer(Frame(1, 7, 0, {}))  # a second answer is ignored
+        assert got == [answer]
+
+        awaited = LateAnswer(loop)
+        loop.call_soon(awaited.answer, answer)
+        assert await awaited is answer
+
+        cancelled = LateAnswer(loop)
+        cancelled.listen(got.append)
+        cancelled.cancel()  # the connection went away
+        cancelled.answer(answer)
+        assert got == [answer]
 
     asyncio.run(main())
 
 
-def test_a_held_pull_times_out_with_false_and_is_forgotten():
-    async def main() -> None:
-        hold = PullHold()
-        assert await hold.wait("t", 1, 0.01) is False
-        assert hold.held == 0
-        hold.notify("t", 1)  # nothing held: nothing to do
-
-    asyncio.run(main())
+def _request(code: int, request_id: int, header: dict, body: bytes = b"") -> bytes:
+    return wire.encode_bytes(wire.Frame(code, request_id, 0, header, body))
 
 
-def test_a_cancelled_held_pull_is_forgotten():
-    async def main() -> None:
-        hold = PullHold()
-        held = asyncio.ensure_future(hold.wait("t", 2, 30))
-        await asyncio.sleep(0)
-        held.cancel()
-        await asyncio.gather(held, return_exceptions=True)
-        assert hold.held == 0
+def test_a_held_pull_is_answered_inside_the_send_that_wakes_it(tmp_path):
+    """On one connection: a pull held on an empty queue, then a send to that queue. The pull's
+    answer is written while the send is handled, so it precedes the send's own answer in the
+    stream (through a task it came a loop turn or two after the send's answer)."""
+    b = BrokerProcess(tmp_path / "data").start()
+    try:
+        with socket.create_connection(("127.0.0.1", b.port)) as s:
+            s.sendall(_request(Code.CREATE_TOPIC, 1, {"topic": "held", "queues": 1}))
+            assert not read_frames(s, 1)[0].is_error
+            s.sendall(_request(Code.PULL, 2, {"group": "g", "topic": "held", "queue_id": 0, "offset": 0,
+                                             "max_count": 8, "hold_ms": 30000}))
+            time.sleep(0.2)  # (the order holds if both arrive in one read too)
+            s.sendall(send_frame(3, "held", 0, Message("held", b"x").encode(0)))
+            first, second = read_frames(s, 2)
+        assert (first.request_id, second.request_id) == (2, 3)
+        assert first.header["status"] == PullStatus.FOUND and first.header["count"] == 1
+        assert not second.is_error
+    finally:
+        b.stop()
 
-    asyncio.run(main())
+
+def test_a_held_pull_of_a_closed_connection_is_dropped_and_later_sends_are_fine(tmp_path):
+    b = BrokerProcess(tmp_path / "data").start()
+    try:
+        with socket.create_connection(("127.0.0.1", b.port)) as info:
+            def held() -> int:
+                info.sendall(_request(Code.BROKER_INFO, 9, {}))
+                return read_frames(info, 1)[0].header["held_pulls"]
+
+            with socket.create_connection(("127.0.0.1", b.port)) as s:
+                s.sendall(_request(Code.CREATE_TOPIC, 1, {"topic": "gone", "queues": 1}))
+                read_frames(s, 1)
+                s.sendall(_request(Code.PULL, 2, {"group": "g", "topic": "gone", "queue_id": 0, "offset": 0,
+                                                 "hold_ms": 30000}))
+                deadline = time.monotonic() + 20
+                while held() != 1 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert held() == 1
+            deadline = time.monotonic() + 20
+            while held() != 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert held() == 0
+            info.sendall(send_frame(3, "gone", 0, Message("gone", b"x").encode(0)))
+            assert not read_frames(info, 1)[0].is_error
+    finally:
+        b.stop()
+

@@ -19,7 +19,7 @@ from typing import Any
 from equeue_core import frame as framing
 from equeue_core import msgid, record
 from equeue_core.broker.groups import GroupRegistry
-from equeue_core.broker.long_poll import PullHold
+from equeue_core.broker.long_poll import LateAnswer, PullHold
 from equeue_core.broker.metrics import BrokerMetrics
 from equeue_core.broker.offset_commits import checked_entries
 from equeue_core.broker.retention import RetentionCleaner
@@ -224,8 +224,8 @@ class Broker:
             answer = self._now_handlers[frame.code](conn, frame)
         except Exception as e:
             return self._failed(frame, e)
-        if answer is None or type(answer) is Frame:
-            return answer
+        if answer is None or type(answer) is Frame or type(answer) is LateAnswer:
+            return answer  # (a LateAnswer answers its errors itself)
         return self._finish(frame, answer)
 
     async def _finish(self, frame: Frame, rest: Awaitable[Frame | None]) -> Frame | None:
@@ -423,23 +423,46 @@ class Broker:
             return self._pull_answer(frame, topic, res, arrived, 0.0)
         return self._pull_held(frame, topic, queue_id, offset, max_count, tag_hashes, arrived, deadline)
 
-    async def _pull_held(self, frame: Frame, topic: str, queue_id: int, offset: int, max_count: int,
-                         tag_hashes: frozenset | None, arrived: float, deadline: float) -> Frame:
-        """Wait for records on the queue (the first read found none), read again, until deadline."""
-        parked = 0.0
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            parked_at = time.perf_counter()
-            await self.hold.wait(topic, queue_id, remaining)
-            parked += time.perf_counter() - parked_at
-            res = self._pull_read(frame, topic, queue_id, offset, max_count, tag_hashes)
-            if type(res) is Frame:
-                return res
-            if res.count or res.next_offset != offset:
-                break
-        return self._pull_answer(frame, topic, res, arrived, parked)
+    def _pull_held(self, frame: Frame, topic: str, queue_id: int, offset: int, max_count: int,
+                   tag_hashes: frozenset | None, arrived: float, deadline: float) -> LateAnswer:
+        """Hold the pull (its first read found nothing) until records arrive or deadline: an
+        arrival reads again and answers in the appending turn itself (long_poll.py); a read that
+        still finds nothing (a tag filter) holds on. Errors are answered like handle's."""
+        loop = asyncio.get_running_loop()
+        late = LateAnswer(loop)
+        parked_at = time.perf_counter()
+
+        def attempt(final: bool) -> None:
+            if late.done():
+                return  # cancelled: the connection went away
+            try:
+                res = self._pull_read(frame, topic, queue_id, offset, max_count, tag_hashes)
+                if type(res) is Frame:
+                    answer = res
+                elif res.count or res.next_offset != offset or final or time.monotonic() >= deadline:
+                    answer = self._pull_answer(frame, topic, res, arrived, time.perf_counter() - parked_at)
+                else:
+                    self.hold.park(topic, queue_id, woken)
+                    return
+            except Exception as e:
+                answer = self._failed(frame, e)
+            timer.cancel()
+            self.hold.discard(topic, queue_id, woken)
+            late.remove_done_callback(forget)
+            late.answer(answer)
+
+        def woken() -> None:
+            attempt(False)
+
+        def forget(_: asyncio.Future) -> None:
+            if late.cancelled():
+                timer.cancel()
+                self.hold.discard(topic, queue_id, woken)
+
+        timer = loop.call_later(max(0.0, deadline - time.monotonic()), attempt, True)
+        self.hold.park(topic, queue_id, woken)
+        late.add_done_callback(forget)
+        return late
 
     def _pull_read(self, frame: Frame, topic: str, queue_id: int, offset: int, max_count: int,
                    tag_hashes: frozenset | None):

@@ -1,42 +1,51 @@
 """PullHold: pulls that found nothing wait here until their queue gets a message or time runs out.
+LateAnswer: how such a pull's answer reaches the transport.
 
-Arrival wakes the held pulls of that queue at once; nothing polls.
+Arrival wakes the held pulls of that queue at once; nothing polls. The wake-up is a plain call
+made inside `notify`, i.e. inside the append that stored the message: a held pull reads and
+answers in that same loop turn. (Through a future, its task would resume one turn later and
+the transport would write its answer one more turn after that; on a busy two-core machine each
+turn is where the process waits for the CPU, and answering in the append's turn cut the median
+end-to-end latency to about a third, docs/benchmarks.md.)
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections.abc import Callable
+
+from equeue_core.frame import Frame
+
+Waker = Callable[[], None]
 
 
 class PullHold:
     def __init__(self) -> None:
-        self._waiting: dict[tuple[str, int], set[asyncio.Future]] = defaultdict(set)
+        self._waiting: dict[tuple[str, int], list[Waker]] = {}
 
-    async def wait(self, topic: str, queue_id: int, timeout: float) -> bool:
-        """True if woken by an arrival, False on timeout. The held pull awaits its future
-        directly (a timer resolves it with False): an arrival resumes it on the loop's next
-        turn, one turn sooner than through asyncio.wait_for's extra waiter."""
+    def park(self, topic: str, queue_id: int, woken: Waker) -> None:
+        """Call `woken()` at the next arrival on the queue (once; park again to wait again)."""
+        self._waiting.setdefault((topic, queue_id), []).append(woken)
+
+    def discard(self, topic: str, queue_id: int, woken: Waker) -> None:
+        """Forget a parked waker (its pull timed out or its connection went away)."""
         key = (topic, queue_id)
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        self._waiting[key].add(fut)
-        timer = loop.call_later(timeout, _resolve, fut, False)
-        try:
-            return await fut
-        finally:
-            timer.cancel()
-            waiters = self._waiting.get(key)
-            if waiters is not None:
-                waiters.discard(fut)
-                if not waiters:
-                    del self._waiting[key]
+        waiters = self._waiting.get(key)
+        if waiters is not None:
+            try:
+                waiters.remove(woken)
+            except ValueError:
+                pass
+            if not waiters:
+                del self._waiting[key]
 
     def notify(self, topic: str, queue_id: int) -> None:
+        """Wake every pull held on the queue, now, in the order they were parked. A waker must
+        not raise (the broker's answer it, errors included)."""
         waiters = self._waiting.pop((topic, queue_id), None)
         if waiters:
-            for fut in waiters:
-                _resolve(fut, True)
+            for woken in waiters:
+                woken()
 
     def queues(self) -> list[tuple[str, int]]:
         """The (topic, queue id) pairs pulls are held on now."""
@@ -51,6 +60,24 @@ class PullHold:
         return sum(len(w) for w in self._waiting.values())
 
 
-def _resolve(fut: asyncio.Future, woken: bool) -> None:
-    if not fut.done():
-        fut.set_result(woken)
+class LateAnswer(asyncio.Future):
+    """The answer to a request that waits (a held pull), given by `answer(frame)` from a later
+    callback. Awaitable like any future, so any transport can await it in a task; a transport
+    that calls `listen(callback)` instead (contracts.ImmediateServerHandler) gets the answer
+    handed to `callback` synchronously inside `answer`, and writes it in that same loop turn.
+    `cancel()` (the connection went away) drops the answer; `answer` after that does nothing."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self._listener: Callable[[Frame | None], None] | None = None
+
+    def listen(self, listener: Callable[[Frame | None], None]) -> None:
+        self._listener = listener
+
+    def answer(self, frame: Frame | None) -> None:
+        if self.done():
+            return
+        self.set_result(frame)
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener(frame)

@@ -279,6 +279,11 @@ class WriteCoalescer:
         self.pending_bytes += n
         return n
 
+    @property
+    def held(self) -> bool:
+        """True between `hold()` and `release()`."""
+        return self._held
+
     def hold(self) -> None:
         """Writes from now on wait for `release()` (no flush is scheduled for them)."""
         self._held = True

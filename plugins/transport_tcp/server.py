@@ -10,6 +10,10 @@ Guarantees the broker relies on:
   across both paths. If it answers at once, the answer is written in the same callback (the
   answers to the frames of one read leave in one write at its end) and no task is made; if it
   returns an awaitable, a task awaits it. Admission and the bounds below count it the same way.
+  An awaitable with `listen` (a late answer: a held pull, equeue_core.broker.long_poll) gets no
+  task: its answer is written and handed to the kernel in the very callback that gives it (the
+  append that woke the pull), unless this connection's own read is being parsed (then it leaves
+  at the end of that read, with the read's answers).
 - A handler that raises gets an error response (its EQueueError code, else "error"), never a hang.
 - Bad input only ever affects the connection it came on: an oversized or undecodable frame whose
   head parsed gets an error frame; an unparseable stream is closed; a connection that stops in the
@@ -92,6 +96,7 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         self._closed = False
         self._refused = False
         self._tasks: set[asyncio.Task] = set()
+        self._late: set = set()  # late answers (held pulls) not given yet
         self._unstarted = 0  # handle() tasks created and not yet started (fast path waits behind them)
         self._now_codes: frozenset[int] = server.now_codes
         self._reading_paused = False
@@ -114,7 +119,7 @@ class TcpServerConnection(asyncio.BufferedProtocol):
     @property
     def idle(self) -> bool:
         """Nothing being handled or waiting for this connection (a held pull is being handled)."""
-        return not self._tasks and not self._admission.blocked
+        return not self._tasks and not self._late and not self._admission.blocked
 
     def push(self, frame: wire.Frame) -> None:
         """Send an unsolicited frame (FLAG_PUSH is set here). Dropped if the connection is gone;
@@ -201,6 +206,9 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         self._admission.clear()
         for task in self._tasks:
             task.cancel()
+        for late in list(self._late):
+            late.cancel()  # the handler drops it
+        self._late.clear()
         self._server._connections.pop(self.id, None)
         try:
             self._handler.connection_lost(self)
@@ -249,6 +257,11 @@ class TcpServerConnection(asyncio.BufferedProtocol):
 
     def _answer_now(self, request: wire.Frame) -> bool:
         response = answer_now(self._handler, self, request)
+        listen = getattr(response, "listen", None)
+        if listen is not None:  # a late answer (a held pull): written in the turn it is given
+            self._late.add(response)
+            listen(lambda frame: self._late_answer(request, response, frame))
+            return False
         if response is not None and type(response) is not wire.Frame:  # the rest must wait
             task = self._loop.create_task(self._serve_rest(request, response))
             self._tasks.add(task)
@@ -256,6 +269,23 @@ class TcpServerConnection(asyncio.BufferedProtocol):
             return False
         self._respond(request, response)
         return True
+
+    def _late_answer(self, request: wire.Frame, late: object, response: wire.Frame | None) -> None:
+        """A late answer given (contracts.ImmediateServerHandler): write it and hand it to the
+        kernel now, unless this connection's own read is being parsed (then it leaves with
+        that read's answers). It is given inside another request's handling (the append that
+        woke a held pull), so requests waiting for this connection's budget start on the next
+        turn, not nested in there."""
+        self._late.discard(late)
+        self._respond(request, response)
+        if self._writer is not None and not self._writer.held:
+            self._writer.flush()
+        size = wire.HEAD_SIZE + len(request.body)
+        if self._admission.backlog:  # starting waiting requests: not inside another request's append
+            self._loop.call_soon(self._admission.finished, size)
+        else:
+            self._admission.finished(size)
+        self.last_activity = self._loop.time()
 
     async def _serve(self, request: wire.Frame) -> None:
         self._unstarted -= 1
