@@ -15,8 +15,9 @@ so old and new are compared on the same noisy machine.
 
 Cases (`--only`):
 - e2e: one process sends at a steady `--rate` (sleeping until each message is due), another
-  consumes the topic (as bench/peers runs it); latency: send time (wall clock, in the body) to the
-  handler call. Once with `send` (waits for each acknowledgement), once with `send_async`. CPU
+  consumes the topic (as bench/peers runs it: a LitePullConsumer polling; `--receiver push` or
+  `lite,push` for the push Consumer); latency: send time (wall clock, in the body) to poll's
+  return (or the handler call). Once with `send` (waits for each acknowledgement), once with `send_async`. CPU
   per message of each process (sleeping sender only) says what the rate costs.
 - spin: the same, but the caller busy-waits until each message is due and never sleeps (an app that
   computes between sends): the client must deliver without idle time in the caller's thread.
@@ -64,10 +65,14 @@ def _percentile(values: list[float], q: float) -> float:
 
 # ---------------------------------------------------------------- client roles (child processes)
 
-def role_receiver(address: str, topic: str, count: int, group: str) -> dict:
-    """The consuming side of e2e/spin, in its own process: latency = handler call - send time
-    (both wall clock, same machine). Prints `ready` once its queues are assigned."""
+def role_receiver(address: str, topic: str, count: int, group: str, kind: str = "push") -> dict:
+    """The consuming side of e2e/spin, in its own process: latency = handler call (push
+    Consumer) or poll's return (LitePullConsumer, `kind` "lite") - send time (both wall clock,
+    same machine). Prints `ready` once its queues are assigned."""
     from equeue_core.client import Consumer, Message, Producer
+
+    if kind == "lite":
+        return _lite_receiver(address, topic, count, group)
 
     lat: list[float] = []
     lock = threading.Lock()
@@ -97,6 +102,33 @@ def role_receiver(address: str, topic: str, count: int, group: str) -> dict:
         got = list(lat)
     return {"count": len(got), "p50_ms": _percentile(got, 0.5), "p99_ms": _percentile(got, 0.99),
             "max_ms": max(got) if got else float("nan"), "receiver_cpu_us_per_msg": cpu * 1e6 / max(1, len(got))}
+
+
+def _lite_receiver(address: str, topic: str, count: int, group: str) -> dict:
+    from equeue_core.client import Message, Producer
+
+    try:
+        from equeue_core.client import LitePullConsumer
+    except ImportError:
+        raise SystemExit("this tree has no LitePullConsumer: run it with --receiver push") from None
+    with Producer(address) as p:
+        p.send(Message(topic, b"\0" * 100))
+    lat: list[float] = []
+    c = LitePullConsumer(group, address, consume_from="last")
+    c.subscribe(topic)
+    c.poll(0.2)
+    print("ready", flush=True)
+    cpu0 = time.process_time()
+    deadline = time.monotonic() + 120
+    while len(lat) < count and time.monotonic() < deadline:
+        for m in c.poll(1.0):
+            sent = int.from_bytes(m.body[:8], "little")
+            if sent:
+                lat.append((time.time_ns() - sent) / 1e6)
+    cpu = time.process_time() - cpu0
+    c.close()
+    return {"count": len(lat), "p50_ms": _percentile(lat, 0.5), "p99_ms": _percentile(lat, 0.99),
+            "max_ms": max(lat) if lat else float("nan"), "receiver_cpu_us_per_msg": cpu * 1e6 / max(1, len(lat))}
 
 
 def role_sender(address: str, topic: str, rate: int, seconds: float, mode: str, pacing: str) -> dict:
@@ -270,12 +302,13 @@ def _child(code: Path, args: list[str], timeout: float = 900) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def _e2e(code: Path, address: str, topic: str, rate: int, seconds: float, mode: str, pacing: str) -> dict:
+def _e2e(code: Path, address: str, topic: str, rate: int, seconds: float, mode: str, pacing: str,
+         receiver: str = "lite") -> dict:
     """A receiver process and a sender process (as the peers benchmark runs them)."""
     env = dict(os.environ, PYTHONPATH=str(code))
     n = int(rate * seconds)
     recv = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--role", "receiver", address, topic,
-                             str(n), f"g-{topic}"], cwd=code, env=env, stdout=subprocess.PIPE, text=True)
+                             str(n), f"g-{topic}", receiver], cwd=code, env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert recv.stdout is not None
         if recv.stdout.readline().strip() != "ready":
@@ -313,10 +346,11 @@ def run(args: argparse.Namespace) -> None:
                     for mode, pacing, case in (("send", "sleep", "e2e"), ("async", "sleep", "e2e"),
                                                ("send", "spin", "spin"), ("async", "spin", "spin")):
                         if case in only:
-                            res = _e2e(code, b.address, f"lat-{mode}-{pacing}", args.rate, args.seconds, mode,
-                                       pacing)
-                            emit({"bench": case, "code": label, "round": rnd, "rate": args.rate, "mode": mode,
-                                  "pacing": pacing, **res})
+                            for receiver in args.receiver.split(","):
+                                res = _e2e(code, b.address, f"lat-{mode}-{pacing}-{receiver}", args.rate,
+                                           args.seconds, mode, pacing, receiver)
+                                emit({"bench": case, "code": label, "round": rnd, "rate": args.rate, "mode": mode,
+                                      "pacing": pacing, "receiver": receiver, **res})
                     if "single" in only:
                         for size in (100, 1024):
                             res = _child(code, ["single", b.address, f"single-{size}", str(args.single_count),
@@ -362,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
         if role == "sender":
             out = role_sender(rest[0], rest[1], int(rest[2]), float(rest[3]), rest[4], rest[5])
         elif role == "receiver":
-            out = role_receiver(rest[0], rest[1], int(rest[2]), rest[3])
+            out = role_receiver(rest[0], rest[1], int(rest[2]), rest[3], *rest[4:5])
         elif role == "single":
             out = role_single(rest[0], rest[1], int(rest[2]), int(rest[3]))
         elif role == "produce":
@@ -382,6 +416,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--single-count", type=int, default=20000)
     p.add_argument("--scan-count", type=int, default=100000)
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--receiver", default="lite",
+                   help="e2e/spin receivers, comma list of lite (LitePullConsumer.poll) and push (Consumer "
+                        "with a handler); a --baseline tree older than the LitePullConsumer needs push")
     p.add_argument("--baseline", help="a tree with equeue_core/ and equeue_plugins/ to compare with")
     run(p.parse_args(argv))
 
