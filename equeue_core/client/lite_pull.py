@@ -6,7 +6,8 @@ thread to get the GIL. Here the caller's thread does it all on one blocking conn
 transport (contracts.PipelinedBlockingConnection; tcp and tls): every assigned queue has one held
 pull in flight on that socket (the broker answers it as soon as its queue gets data, or with
 nothing when `hold_ms` ends); `poll` waits in `recv` (which releases the GIL) for whichever answer
-comes first, re-issues that queue's pull at once, and returns the decoded messages. No handler
+comes first and returns the decoded messages; that queue's next pull goes out at once when the
+broker has more behind the answer, else when the caller comes back to poll. No handler
 runs anywhere: the caller handles what poll returned in its own thread.
 
 Guarantees:
@@ -369,7 +370,10 @@ class LitePullConsumer:
                 queue.committed = offset
 
     def _take(self, queue: _Queue, frame: Frame) -> list[ReceivedMessage]:
-        """Handle one pull answer: re-issue the queue's pull at once, then decode."""
+        """Handle one pull answer. The queue's next pull goes out now when the broker has more
+        behind this answer (it is read while the caller handles these), or when this answer
+        brought nothing to return; a queue that is caught up sends it when the caller comes back
+        to poll (its messages then wait for no socket write)."""
         queue.pull_id = None
         if frame.flags & FLAG_ERROR:
             raise_for_error(frame)  # the pull is re-issued by the next poll
@@ -380,13 +384,14 @@ class LitePullConsumer:
         elif self.pull_batch is None and "max_offset" in h:
             queue.batch.update(h["count"], h["next_offset"], h["max_offset"])
         queue.next_offset = h["next_offset"]
-        self._pull(queue)
         msgs: list[ReceivedMessage] = []
         if h.get("count"):
             msgs = decode_batch(frame.body, self._id_prefix or "")
             if queue.tags is not None:
                 msgs = [m for m in msgs if m.tag in queue.tags]
         queue.returned = queue.next_offset
+        if not msgs or h.get("max_offset", 0) > queue.next_offset:
+            self._pull(queue)
         return msgs
 
     def _lost(self) -> None:
