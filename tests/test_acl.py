@@ -280,3 +280,22 @@ def test_cli_takes_access_key_and_secret_key(acl_broker):
 def test_an_access_key_without_a_secret_is_a_config_error():
     with pytest.raises(ConfigError, match="go together"):
         BrokerConnection("tcp://127.0.0.1:1", access_key="app")
+
+
+def test_lite_pull_consumer_signs_its_pulls_and_commits_and_a_wrong_secret_is_refused(acl_broker):
+    from equeue_core.client import LitePullConsumer
+
+    with Producer(acl_broker.address, access_key=ADMIN[0], secret_key=ADMIN[1]) as p:
+        p.send_batch([Message("orders.lite", f"lite-{i}".encode()) for i in range(10)], routing_key="k")
+    with LitePullConsumer("g1", acl_broker.address, access_key=APP[0], secret_key=APP[1],
+                          consume_from="first") as c:
+        c.assign("orders.lite")
+        got: list = []
+        deadline = time.monotonic() + 20
+        while len(got) < 10 and time.monotonic() < deadline:
+            got += c.poll(0.5)
+        c.commit()  # a signed COMMIT_OFFSETS
+    assert sorted(m.body for m in got) == sorted(f"lite-{i}".encode() for i in range(10))
+    with LitePullConsumer("g1", acl_broker.address, access_key=APP[0], secret_key="not-the-secret") as c:
+        with pytest.raises(AccessDeniedError):
+            c.assign("orders.lite")
