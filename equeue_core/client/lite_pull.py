@@ -114,6 +114,23 @@ class _Membership(AsyncConsumer):
         """(version, {queue: start offset}) as of the last rebalance."""
         return self._published
 
+    async def connect_only(self) -> None:
+        """Assign mode: the connection for start offsets, without joining the group."""
+        self._conn = await BrokerConnection(self.broker, **self._credentials).connect()
+        self._running = True
+
+    async def start_offset(self, topic: str, queue_id: int) -> int:
+        """Where a queue starts: the group's committed offset, else consume_from."""
+        return await self._start_offset(topic, queue_id)
+
+    async def disconnect(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+
+    @property
+    def id_prefix(self) -> str:
+        return self._id_prefix
+
 
 async def _no_handler(*_: object) -> None:  # the membership never pulls, so never calls it
     raise AssertionError("a LitePullConsumer's membership handles no messages")
@@ -199,7 +216,7 @@ class LitePullConsumer:
         self._connect_members()
         for q in wanted:
             if (topic, q) not in self._queues:
-                self._add((topic, q), run_sync(self._members._start_offset(topic, q)))
+                self._add((topic, q), run_sync(self._members.start_offset(topic, q)))
         return self
 
     def subscribe(self, topic: str, expression: str = "*") -> LitePullConsumer:
@@ -223,13 +240,7 @@ class LitePullConsumer:
     def _connect_members(self) -> None:
         """Assign mode uses the membership's connection only for start offsets."""
         if not self._members_connected:
-            members = self._members
-
-            async def connect() -> None:
-                members._conn = await BrokerConnection(members.broker, **members._credentials).connect()
-                members._running = True
-
-            run_sync(connect())
+            run_sync(self._members.connect_only())
             self._members_connected = True
 
     def _add(self, key: QueueKey, offset: int) -> None:
@@ -305,7 +316,7 @@ class LitePullConsumer:
             self._next_commit = time.monotonic() + self.auto_commit_interval
             self._send_commit(list(self._queues.values()), wait=False)
         if self._id_prefix is None:
-            self._id_prefix = self._members._id_prefix or _id_prefix(self._call(Code.BROKER_INFO, {}))
+            self._id_prefix = self._members.id_prefix or _id_prefix(self._call(Code.BROKER_INFO, {}))
         for queue in self._queues.values():
             if queue.pull_id is None:
                 self._pull(queue)
@@ -480,8 +491,8 @@ class LitePullConsumer:
                 log.warning("closing LitePullConsumer: commit failed: %s", e)
             if self._mode == "subscribe":
                 run_sync(self._members.close())  # leaves the group
-            elif self._members_connected and self._members._conn is not None:
-                run_sync(self._members._conn.close())
+            elif self._members_connected:
+                run_sync(self._members.disconnect())
         finally:
             self._conn.close()
             if got:
