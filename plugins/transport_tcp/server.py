@@ -11,9 +11,9 @@ Guarantees the broker relies on:
   answers to the frames of one read leave in one write at its end) and no task is made; if it
   returns an awaitable, a task awaits it. Admission and the bounds below count it the same way.
   An awaitable with `listen` (a late answer: a held pull, equeue_core.broker.long_poll) gets no
-  task: its answer is written and handed to the kernel in the very callback that gives it (the
-  append that woke the pull), unless this connection's own read is being parsed (then it leaves
-  at the end of that read, with the read's answers).
+  task: its answer is written in the very callback that gives it (the append that woke the
+  pull) and handed to the kernel right after that read's own answers (the send's
+  acknowledgement first), in the same loop turn.
 - A handler that raises gets an error response (its EQueueError code, else "error"), never a hang.
 - Bad input only ever affects the connection it came on: an oversized or undecodable frame whose
   head parsed gets an error frame; an unparseable stream is closed; a connection that stops in the
@@ -180,10 +180,15 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         writer = self._writer
         assert writer is not None
         writer.hold()  # answers given while parsing this read leave together at its end
+        server = self._server
+        server.parsing += 1
         try:
             self.reader.feed(nbytes)
         finally:
             writer.release()
+            server.parsing -= 1
+            if server.late and not server.parsing:
+                server.write_late()  # held pulls this read woke, after its own answers
         if self.reader.partial:
             self._last_data = self.last_activity
             if self._timer is None:
@@ -271,15 +276,20 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         return True
 
     def _late_answer(self, request: wire.Frame, late: object, response: wire.Frame | None) -> None:
-        """A late answer given (contracts.ImmediateServerHandler): write it and hand it to the
-        kernel now, unless this connection's own read is being parsed (then it leaves with
-        that read's answers). It is given inside another request's handling (the append that
-        woke a held pull), so requests waiting for this connection's budget start on the next
-        turn, not nested in there."""
+        """A late answer given (contracts.ImmediateServerHandler), usually inside another
+        request's handling (the append that woke a held pull): written into this connection's
+        writer now, and handed to the kernel right after the read being parsed has sent its own
+        answers (the waking send's acknowledgement leaves first), or with them when the read is
+        this connection's own, or at once outside any read. Requests waiting for this
+        connection's budget start on the next turn, not nested in there."""
         self._late.discard(late)
         self._respond(request, response)
-        if self._writer is not None and not self._writer.held:
-            self._writer.flush()
+        writer = self._writer
+        if writer is not None and not writer.held:
+            if self._server.parsing:
+                self._server.late.append(writer)
+            else:
+                writer.flush()
         size = wire.HEAD_SIZE + len(request.body)
         if self._admission.backlog:  # starting waiting requests: not inside another request's append
             self._loop.call_soon(self._admission.finished, size)
@@ -367,6 +377,15 @@ class TcpServer:
         self._idle_task: asyncio.Task | None = None
         self._tls_accept: asyncio.Task | None = None  # with tls_cert: our own accept loop (tls.py)
         self._listener: socket.socket | None = None
+        self.parsing = 0  # > 0 while a connection's read callback parses its frames
+        self.late: list = []  # writers holding late answers given meanwhile (TcpServerConnection._late_answer)
+
+    def write_late(self) -> None:
+        """Hand the late answers given while a read was parsed to the kernel (after that read's
+        own answers left)."""
+        late, self.late = self.late, []
+        for writer in late:
+            writer.flush()
 
     @property
     def connections(self) -> Mapping[int, TcpServerConnection]:
