@@ -8,6 +8,8 @@ import asyncio
 import socket
 import time
 
+import pytest
+
 from equeue_core import frame as wire
 from equeue_core.broker.long_poll import LateAnswer, PullHold
 from equeue_core.client.message import Message
@@ -84,54 +86,54 @@ def test_a_late_answer_goes_to_its_listener_at_once_and_to_an_awaiting_task_othe
     asyncio.run(main())
 
 
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    b = BrokerProcess(tmp_path_factory.mktemp("held") / "data").start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
 def _request(code: int, request_id: int, header: dict, body: bytes = b"") -> bytes:
     return wire.encode_bytes(wire.Frame(code, request_id, 0, header, body))
 
 
-def test_a_held_pull_is_answered_inside_the_send_that_wakes_it(tmp_path):
+def test_a_held_pull_is_answered_inside_the_send_that_wakes_it(broker):
     """On one connection: a pull held on an empty queue, then a send to that queue. The pull's
     answer is written while the send is handled, so it precedes the send's own answer in the
     stream (through a task it came a loop turn or two after the send's answer)."""
-    b = BrokerProcess(tmp_path / "data").start()
-    try:
-        with socket.create_connection(("127.0.0.1", b.port)) as s:
-            s.sendall(_request(Code.CREATE_TOPIC, 1, {"topic": "held", "queues": 1}))
-            assert not read_frames(s, 1)[0].is_error
-            s.sendall(_request(Code.PULL, 2, {"group": "g", "topic": "held", "queue_id": 0, "offset": 0,
-                                             "max_count": 8, "hold_ms": 30000}))
-            time.sleep(0.2)  # (the order holds if both arrive in one read too)
-            s.sendall(send_frame(3, "held", 0, Message("held", b"x").encode(0)))
-            first, second = read_frames(s, 2)
-        assert (first.request_id, second.request_id) == (2, 3)
-        assert first.header["status"] == PullStatus.FOUND and first.header["count"] == 1
-        assert not second.is_error
-    finally:
-        b.stop()
+    with socket.create_connection(("127.0.0.1", broker.port)) as s:
+        s.sendall(_request(Code.CREATE_TOPIC, 1, {"topic": "held", "queues": 1}))
+        assert not read_frames(s, 1)[0].is_error
+        s.sendall(_request(Code.PULL, 2, {"group": "g", "topic": "held", "queue_id": 0, "offset": 0,
+                                         "max_count": 8, "hold_ms": 30000}))
+        time.sleep(0.2)  # (the order holds if both arrive in one read too)
+        s.sendall(send_frame(3, "held", 0, Message("held", b"x").encode(0)))
+        first, second = read_frames(s, 2)
+    assert (first.request_id, second.request_id) == (2, 3)
+    assert first.header["status"] == PullStatus.FOUND and first.header["count"] == 1
+    assert not second.is_error
 
 
-def test_a_held_pull_of_a_closed_connection_is_dropped_and_later_sends_are_fine(tmp_path):
-    b = BrokerProcess(tmp_path / "data").start()
-    try:
-        with socket.create_connection(("127.0.0.1", b.port)) as info:
-            def held() -> int:
-                info.sendall(_request(Code.BROKER_INFO, 9, {}))
-                return read_frames(info, 1)[0].header["held_pulls"]
+def test_a_held_pull_of_a_closed_connection_is_dropped_and_later_sends_are_fine(broker):
+    with socket.create_connection(("127.0.0.1", broker.port)) as info:
+        def held() -> int:
+            info.sendall(_request(Code.BROKER_INFO, 9, {}))
+            return read_frames(info, 1)[0].header["held_pulls"]
 
-            with socket.create_connection(("127.0.0.1", b.port)) as s:
-                s.sendall(_request(Code.CREATE_TOPIC, 1, {"topic": "gone", "queues": 1}))
-                read_frames(s, 1)
-                s.sendall(_request(Code.PULL, 2, {"group": "g", "topic": "gone", "queue_id": 0, "offset": 0,
-                                                 "hold_ms": 30000}))
-                deadline = time.monotonic() + 20
-                while held() != 1 and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                assert held() == 1
+        with socket.create_connection(("127.0.0.1", broker.port)) as s:
+            s.sendall(_request(Code.CREATE_TOPIC, 1, {"topic": "gone", "queues": 1}))
+            read_frames(s, 1)
+            s.sendall(_request(Code.PULL, 2, {"group": "g", "topic": "gone", "queue_id": 0, "offset": 0,
+                                             "hold_ms": 30000}))
             deadline = time.monotonic() + 20
-            while held() != 0 and time.monotonic() < deadline:
+            while held() != 1 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert held() == 0
-            info.sendall(send_frame(3, "gone", 0, Message("gone", b"x").encode(0)))
-            assert not read_frames(info, 1)[0].is_error
-    finally:
-        b.stop()
-
+            assert held() == 1
+        deadline = time.monotonic() + 20
+        while held() != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert held() == 0
+        info.sendall(send_frame(3, "gone", 0, Message("gone", b"x").encode(0)))
+        assert not read_frames(info, 1)[0].is_error
