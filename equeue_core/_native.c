@@ -271,11 +271,14 @@ static int parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs
 /* A contiguous view of unsigned bytes, or 0 (and no error set) if obj is anything else. */
 static int byte_view(PyObject *obj, Py_buffer *view, int writable)
 {
-    if (PyObject_GetBuffer(obj, view, PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+    /* PyBUF_ND with PyBUF_FORMAT: a memoryview refuses a format request without a shape
+     * ("cannot cast to unsigned bytes if the format flag is present"), which sent every
+     * memoryview (a pull answer's body, a small frame's body) to the Python version. */
+    if (PyObject_GetBuffer(obj, view, PyBUF_ND | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) {
         PyErr_Clear();
         return 0;
     }
-    if (view->itemsize != 1 || (view->format != NULL && strcmp(view->format, "B") != 0)) {
+    if (view->ndim != 1 || view->itemsize != 1 || (view->format != NULL && strcmp(view->format, "B") != 0)) {
         PyBuffer_Release(view);
         return 0;
     }

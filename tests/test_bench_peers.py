@@ -81,7 +81,7 @@ def test_every_workload_row_is_well_formed(equeue_and_installed_peers, driver):
         mine = [row for row in rows if row.get("bench") == "peers" and row.get("system") == system
                 and row.get("flush") in (None, "async")]
         assert {(row["workload"], row["mode"], row["size"]) for row in mine} >= {
-            ("produce", "batch", 100), ("produce", "batch", 1024), ("consume", "drain", 100),
+            ("produce", "batch", 100), ("produce", "batch", 1024), ("consume", "drain", 100), ("consume", "drain", 1024),
             ("latency", "sleep", 100), ("latency", "spin", 100), ("single", "sync-each", 100)}, system
         for row in mine:
             assert row["durability"], row

@@ -346,7 +346,7 @@ def test_flow_control_pauses_pulling_a_full_queue(fast_broker):
         nonlocal peak
         while not stop.is_set():
             for pq in list(c._async.queues.values()):
-                peak = max(peak, len(pq.in_flight))
+                peak = max(peak, pq.count)
             time.sleep(0.002)
 
     watcher = threading.Thread(target=watch)

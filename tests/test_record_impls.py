@@ -501,3 +501,35 @@ def test_encode_record_with_odd_arguments_behaves_as_the_python_one(args, kwargs
     if len(args) < 7:
         kwargs = {"born_ts": 1, **kwargs}  # a fixed producer clock: the bytes compare exactly
     both("encode_record", *args, **kwargs)
+
+
+@pytest.mark.skipif("native" not in IMPLS, reason="no C compiler: only the Python implementation exists")
+def test_native_functions_take_a_memoryview_without_falling_back_to_python():
+    """A pull answer's body is a memoryview over the transport's buffer: the native decode_batch
+    (and scan, verify, index_entries, crc_spans) must decode it in C, not hand it to the Python
+    version (a memoryview refused a format request without a shape, so every call fell back)."""
+    mod = native_module()
+    assert mod is not None
+    buf, starts, positions = stamped()
+    called: list[str] = []
+
+    def spy(name, real):
+        def fallback(*args, **kwargs):
+            called.append(name)
+            return real(*args, **kwargs)
+        return fallback
+
+    names = ("scan", "verify", "index_entries", "crc_spans")
+    mod._bind(decode_batch=spy("decode_batch", message.python_decode_batch),
+              **{n: spy(n, record.PYTHON_FUNCTIONS[n]) for n in names})
+    try:
+        for view in (memoryview(buf), memoryview(bytearray(buf))[0:], memoryview(buf).cast("B", shape=[len(buf)])):
+            assert mod.decode_batch(view, "AB") == message.python_decode_batch(buf, "AB")
+            assert list(mod.scan(view)) == starts
+            mod.verify(view, starts[1])
+            mod.index_entries(view, starts, positions)
+            mod.crc_spans(view, [0], [len(buf)])
+    finally:
+        mod._bind(decode_batch=message.python_decode_batch,
+                  **{n: record.PYTHON_FUNCTIONS[n] for n in names})
+    assert called == []

@@ -8,7 +8,7 @@ per (system, workload, size), then one table of ratios (>1 means EQueue is ahead
 
 Workloads (durability on everywhere):
 - produce: 100 B and 1 KiB bodies, each system's best batching pattern (and EQueue's send_async);
-- consume: drain the 100 B backlog the batch produce left, at the client's default settings;
+- consume: drain the 100 B and 1 KiB backlogs the batch produce left, at the client's default settings;
 - latency: a steady paced rate (default 5k msg/s), p50/p99, the receiver in its own process;
   `sleep` between sends, and `spin` where the sender's thread stays busy between sends;
 - single: one send at a time, each waiting for its acknowledgement.
@@ -48,8 +48,9 @@ def _ratio_specs() -> list[tuple[str, tuple, tuple, bool]]:
     for size, label in ((100, "100 B"), (1024, "1 KiB")):
         specs.append((f"produce {label}: send_batch flush=sync / peer batch", ("produce", "batch", size, "sync"),
                       ("produce", "batch", size, None), False))
-    specs.append(("consume 100 B, default settings", ("consume", "drain", 100, "async"),
-                  ("consume", "drain", 100, None), False))
+    for size, label in ((100, "100 B"), (1024, "1 KiB")):
+        specs.append((f"consume {label}, default settings", ("consume", "drain", size, "async"),
+                      ("consume", "drain", size, None), False))
     specs.append(("single send 100 B: send / peer single", ("single", "sync-each", 100, "async"),
                   ("single", "sync-each", 100, None), False))
     specs.append(("single send 100 B: send flush=sync / peer single", ("single", "sync-each", 100, "sync"),
@@ -158,17 +159,16 @@ def run_system(driver: str, mod, system: str, info: dict, opts: dict, args: argp
             ok = record({"workload": "produce", "mode": mode, "size": size},
                         run_role, driver, "produce", {**common, "name": name, "size": size,
                                                       "count": args.count, "mode": mode, "budget": args.budget})
-            if ok and size == 100 and 100 not in produced:
-                produced[100] = (name, ok["count"])
+            if ok and size not in produced:
+                produced[size] = (name, ok["count"])
     if only_throughput:
         single = min(args.single_count, args.sync_single_count)
         record({"workload": "single", "mode": "sync-each", "size": 100},
                run_role, driver, "single", {**common, "name": "single", "size": 100, "count": single,
                                             "budget": args.budget})
         return
-    if 100 in produced:
-        name, count = produced[100]
-        record({"workload": "consume", "mode": "drain", "size": 100},
+    for size, (name, count) in produced.items():
+        record({"workload": "consume", "mode": "drain", "size": size},
                run_role, driver, "consume", {**common, "name": name, "count": count})
     n = int(args.rate * args.latency_seconds)
     for mode in ("sleep", "spin"):

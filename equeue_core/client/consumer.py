@@ -33,6 +33,7 @@ from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
 from equeue_core.client.pull_batch import PULL_BATCH_CEILING, PULL_BATCH_FLOOR, AdaptivePullBatch
+from equeue_core.client.pulled_batch import DECODE_CHUNK, PulledBatch
 from equeue_core.codes import Code, PullStatus
 from equeue_core.errors import (
     ClientClosedError,
@@ -436,7 +437,15 @@ class AsyncConsumer:
                             pq.next_offset, pq.topic, pq.queue_id, h["next_offset"])
                 pq.next_offset = h["next_offset"]
                 continue
-            if h["count"]:
+            if h["count"] and tags is None and self._batches is not None:
+                # a blocking handler's usual path: the answer stays bytes until a worker decodes
+                # it (client/pulled_batch.py); no objects per message wait in flight
+                pulled = PulledBatch(resp.body, self._id_prefix)
+                pq.next_offset = h["next_offset"]
+                if len(pulled):
+                    pq.add_batch(pulled)
+                    self._batches.submit(pq, pulled)
+            elif h["count"]:
                 msgs = decode_batch(resp.body, self._id_prefix)
                 if tags is not None:
                     msgs = [m for m in msgs if m.tag in tags]
@@ -481,8 +490,8 @@ class AsyncConsumer:
         pq.parked_at = at
         self.stats["corrupt"] += 1
         log.error("%s/%d: %s. Retrying cannot help: this queue stops once its %d messages in flight "
-                  "are done", pq.topic, pq.queue_id, error, len(pq.in_flight))
-        while self._running and not pq.dropped and pq.in_flight:
+                  "are done", pq.topic, pq.queue_id, error, pq.count)
+        while self._running and not pq.dropped and pq.count:
             await pq.wait_change(1.0, self._collect)
         if not self._running or pq.dropped:
             return
@@ -527,17 +536,31 @@ class AsyncConsumer:
 
     # ---------------------------------------------------------------- handling
 
-    def _run_chunk(self, msgs: list[ReceivedMessage], results: list[bool | None],
+    def _run_chunk(self, msgs: list[ReceivedMessage] | PulledBatch, results: list[bool | None],
                    stop_on_failure: bool = False, keep_going: Callable[[], bool] | None = None) -> None:
         """Runs on a worker thread: call the handler, record success or failure per message
         (orderly: stop at the first failure, leaving the rest unrun). Before each call,
-        keep_going() may say stop (an orderly lock is gone): the rest stays unrun (None)."""
+        keep_going() may say stop (an orderly lock is gone): the rest stays unrun (None). A
+        PulledBatch is decoded a chunk at a time, just before its messages are handed out."""
+        if type(msgs) is PulledBatch:
+            n = len(msgs)
+            step = self.consume_batch_size * max(1, DECODE_CHUNK // self.consume_batch_size)
+            for lo in range(0, n, step):
+                if not self._run_messages(msgs.decode(lo, min(n, lo + step)), results, lo, stop_on_failure,
+                                          keep_going):
+                    return
+            return
+        self._run_messages(msgs, results, 0, stop_on_failure, keep_going)
+
+    def _run_messages(self, msgs: list[ReceivedMessage], results: list[bool | None], base: int,
+                      stop_on_failure: bool, keep_going: Callable[[], bool] | None) -> bool:
+        """_run_chunk over msgs, whose results start at results[base]; False if it stopped early."""
         handler = self._handler
         assert handler is not None
         if self.consume_batch_size > 1:
             for i in range(0, len(msgs), self.consume_batch_size):
                 if keep_going is not None and not keep_going():
-                    return
+                    return False
                 part = msgs[i:i + self.consume_batch_size]
                 try:
                     handler(part)
@@ -545,14 +568,14 @@ class AsyncConsumer:
                 except Exception:
                     log.exception("handler failed on a batch of %d", len(part))
                     ok = False
-                for j in range(i, i + len(part)):
+                for j in range(base + i, base + i + len(part)):
                     results[j] = ok
                 if not ok and stop_on_failure:
-                    return
-            return
-        for i, m in enumerate(msgs):
+                    return False
+            return True
+        for i, m in enumerate(msgs, base):
             if keep_going is not None and not keep_going():
-                return
+                return False
             try:
                 handler(m)
                 results[i] = True
@@ -560,7 +583,8 @@ class AsyncConsumer:
                 log.info("handler failed on %s/%d@%d: %r", m.topic, m.queue_id, m.queue_offset, e)
                 results[i] = False
                 if stop_on_failure:
-                    return
+                    return False
+        return True
 
     async def _run_chunk_async(self, msgs: list[ReceivedMessage], results: list[bool | None],
                                stop_on_failure: bool = False,
@@ -623,6 +647,9 @@ class AsyncConsumer:
     def _batch_done(self, run: BatchRun) -> None:
         """On the loop: a HandlerPool batch finished (or ran past consume_timeout)."""
         pq, msgs, oks = run.pq, run.msgs, run.results
+        if type(msgs) is PulledBatch:
+            self._pulled_done(pq, msgs, oks)
+            return
         if oks.count(True) == len(msgs):
             pq.done_many(msgs)
             return
@@ -630,6 +657,23 @@ class AsyncConsumer:
         handled = [m for m, ok in zip(msgs, oks, strict=True) if ok is True]
         failed = [m for m, ok in zip(msgs, oks, strict=True) if ok is False]
         pq.done_many(handled)
+        self.stats["failed"] += len(failed)
+        if failed and not pq.dropped:
+            task = asyncio.ensure_future(self._send_back_or_retry(pq, failed))
+            self._work.add(task)
+            task.add_done_callback(self._work.discard)
+
+    def _pulled_done(self, pq: ProcessQueue, batch: PulledBatch, oks: list[bool | None]) -> None:
+        """On the loop: a PulledBatch's run finished. Its records up to the first one not handed
+        out (None: stopping) are finished; the failed ones among them stay in flight one by one
+        and go back to the broker (decoded again from the batch's bytes)."""
+        n = len(oks)
+        if oks.count(True) == n:
+            pq.finish_batch(batch, n)
+            return
+        upto = oks.index(None) if None in oks else n
+        failed = [batch.decode(i, i + 1)[0] for i in range(upto) if oks[i] is False]
+        pq.finish_batch(batch, upto, failed)
         self.stats["failed"] += len(failed)
         if failed and not pq.dropped:
             task = asyncio.ensure_future(self._send_back_or_retry(pq, failed))

@@ -38,8 +38,10 @@ from typing import Any
 
 from equeue_core.client.message import ReceivedMessage
 from equeue_core.client.process_queue import ProcessQueue
+from equeue_core.client.pulled_batch import PulledBatch
 
-RunChunk = Callable[[list[ReceivedMessage], list[Any], bool, Callable[[], bool]], None]
+Batch = list[ReceivedMessage] | PulledBatch  # messages, or a pull answer decoded by the worker
+RunChunk = Callable[[Batch, list[Any], bool, Callable[[], bool]], None]
 
 
 class BatchRun:
@@ -47,7 +49,7 @@ class BatchRun:
 
     __slots__ = ("pq", "msgs", "results", "started", "expired")
 
-    def __init__(self, pq: ProcessQueue, msgs: list[ReceivedMessage]) -> None:
+    def __init__(self, pq: ProcessQueue, msgs: Batch) -> None:
         self.pq = pq
         self.msgs = msgs
         self.results: list[bool | None] = [None] * len(msgs)
@@ -85,7 +87,7 @@ class HandlerPool:
 
     # ------------------------------------------------------------ loop thread
 
-    def submit(self, pq: ProcessQueue, msgs: list[ReceivedMessage]) -> None:
+    def submit(self, pq: ProcessQueue, msgs: Batch) -> None:
         """Queue a batch of pq's (loop thread)."""
         with self._lock:
             pq.waiting.append(msgs)

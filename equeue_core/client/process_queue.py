@@ -2,8 +2,14 @@
 
 The committable offset is the smallest offset still in flight (a slow or failing message holds it
 back) or, when nothing is in flight, the next offset to pull, so messages skipped by a tag filter
-are committed too. Messages are added in offset order and a dict keeps insertion order, so the
-first key is always the smallest in-flight offset.
+are committed too.
+
+Two kinds of in-flight entries: whole pulled batches (client/pulled_batch.py; a blocking handler's
+usual path), tracked per batch with a cursor (records before it are finished), and single
+messages (`in_flight`, offset -> message: the orderly and async-handler paths, and a batch's failed
+messages while they are retried or sent back). Messages are added in offset order, so the first
+key of `in_flight` is its smallest offset; a failed message of a later batch that finished first
+(parallel_per_queue > 1) breaks that order, and then the smallest is searched for.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from collections.abc import Callable
 
 from equeue_core.client.message import ReceivedMessage
 from equeue_core.client.pull_batch import AdaptivePullBatch
+from equeue_core.client.pulled_batch import PulledBatch
 
 
 class ProcessQueue:
@@ -23,9 +30,12 @@ class ProcessQueue:
         self.queue_id = queue_id
         self.next_offset = next_offset  # the next offset to pull
         self.in_flight: dict[int, ReceivedMessage] = {}
-        self.bytes = 0
+        self._in_order = True  # in_flight's first key is its smallest offset
+        self.batches: deque[PulledBatch] = deque()  # pulled batches not finished yet, in pull order
+        self.batched = 0  # records of `batches` not finished yet
+        self.bytes = 0  # message bodies in in_flight plus the bytes of unfinished batches
         self.pending: deque[ReceivedMessage] = deque()  # orderly: pulled, not yet handed out
-        self.waiting: deque[list[ReceivedMessage]] = deque()  # concurrent: batches not yet started
+        self.waiting: deque[list[ReceivedMessage] | PulledBatch] = deque()  # concurrent: batches not yet started
         self.running = 0  # concurrent: batches being handled now
         self.dropped = False
         self.locked = False  # orderly: the broker granted this consumer the queue's lock
@@ -72,18 +82,54 @@ class ProcessQueue:
         self.lock_epoch += 1
         self.pending.clear()
         self.in_flight.clear()
+        self._in_order = True
+        self.batches.clear()
+        self.batched = 0
         self.bytes = 0
         self.needs_offset = True
         self.changed.set()
 
+    @property
+    def count(self) -> int:
+        """Messages in flight (pulled, not finished)."""
+        return len(self.in_flight) + self.batched
+
     def add(self, messages: list[ReceivedMessage]) -> None:
+        """Messages in flight one by one (a list is in offset order)."""
+        in_flight = self.in_flight
+        if messages and in_flight and self._in_order and messages[0].queue_offset < next(reversed(in_flight)):
+            self._in_order = False
         for m in messages:
-            self.in_flight[m.queue_offset] = m
+            in_flight[m.queue_offset] = m
             self.bytes += len(m.body)
+
+    def add_batch(self, batch: PulledBatch) -> None:
+        """A pulled batch is in flight as a whole (records finished from the front; see
+        finish_batch)."""
+        if batch.open:
+            self.batches.append(batch)
+            self.batched += len(batch)
+            self.bytes += batch.nbytes
+
+    def finish_batch(self, batch: PulledBatch, upto: int, failed: list[ReceivedMessage] = ()) -> None:
+        """batch's records before `upto` are finished: handled, or failed and in `failed`, which
+        stay in flight one by one (added before the batch moves on, so the committable offset never
+        passes them). Records from `upto` on stay in flight with the batch."""
+        if failed:
+            self.add(failed)
+        if batch.open and upto > batch.cursor:
+            self.batched -= upto - batch.cursor
+            batch.cursor = upto
+            if upto >= len(batch):
+                batch.open = False
+                self.bytes -= batch.nbytes
+        self.changed.set()
 
     def done(self, message: ReceivedMessage) -> None:
         if self.in_flight.pop(message.queue_offset, None) is not None:
             self.bytes -= len(message.body)
+            if not self.in_flight:
+                self._in_order = True
         self.changed.set()
 
     def done_many(self, messages: list[ReceivedMessage]) -> None:
@@ -93,19 +139,34 @@ class ProcessQueue:
             if pop(m.queue_offset, None) is not None:
                 freed += len(m.body)
         self.bytes -= freed
+        if not self.in_flight:
+            self._in_order = True
         self.changed.set()
 
+    def _lowest(self) -> int | None:
+        """The smallest offset in flight, or None."""
+        low = None
+        if self.in_flight:
+            low = next(iter(self.in_flight)) if self._in_order else min(self.in_flight)
+        batches = self.batches
+        while batches and not batches[0].open:
+            batches.popleft()
+        if batches:
+            first = batches[0]
+            offset = first.offset_at(first.cursor)
+            if low is None or offset < low:
+                low = offset
+        return low
+
     def committable(self) -> int:
-        for offset in self.in_flight:
-            return offset
-        return self.next_offset
+        low = self._lowest()
+        return self.next_offset if low is None else low
 
     def span(self) -> int:
-        for offset in self.in_flight:
-            return self.next_offset - offset
-        return 0
+        low = self._lowest()
+        return 0 if low is None else self.next_offset - low
 
     def is_full(self, max_messages: int, max_bytes: int, max_span: int) -> bool:
         """Flow control: stop pulling this queue while any limit is passed."""
-        return (len(self.in_flight) >= max_messages or self.bytes >= max_bytes
+        return (len(self.in_flight) + self.batched >= max_messages or self.bytes >= max_bytes
                 or self.span() >= max_span)

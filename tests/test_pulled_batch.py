@@ -1,0 +1,93 @@
+"""A pull answer kept as bytes until a worker hands it out (client/pulled_batch.py), and the
+process queue's bookkeeping of such batches (client/process_queue.py): the same messages as
+decode_batch, the committed offset never past an unfinished or failed message, and no decoded
+message objects waiting in flight for the garbage collector to scan."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+
+from equeue_core.client import AdminClient, Consumer, Message, Producer
+from equeue_core.client.message import ReceivedMessage, decode_batch
+from equeue_core.client.process_queue import ProcessQueue
+from equeue_core.client.pulled_batch import DECODE_CHUNK, PulledBatch
+from equeue_core.errors import CorruptRecordError
+from tests.helpers.waiting import wait_until
+
+
+def _answer(first_offset: int, n: int, step: int = 1) -> bytes:
+    """A pull answer's body: n stamped records at queue offsets first_offset, +step, ..."""
+    recs = []
+    for i in range(n):
+        rec = bytearray(Message("t", f"body{i}".encode(), tag="a" if i % 2 else None).encode())
+        rec[12:20] = (1000 + i).to_bytes(8, "little")  # commit-log position (the msg id)
+        rec[20:28] = (first_offset + i * step).to_bytes(8, "little")  # queue offset
+        recs.append(bytes(rec))
+    return b"".join(recs)
+
+
+def test_a_pulled_batch_decodes_in_chunks_the_messages_decode_batch_gives_and_reads_offsets_undecoded():
+    body = _answer(40, 150, step=2)
+    whole = decode_batch(body, "AB")
+    batch = PulledBatch(memoryview(body), "AB")
+    assert len(batch) == 150 and batch.nbytes == len(body) and batch.open
+    chunks = [m for lo in range(0, 150, DECODE_CHUNK) for m in batch.decode(lo, min(150, lo + DECODE_CHUNK))]
+    assert chunks == whole
+    assert [batch.offset_at(i) for i in range(150)] == [m.queue_offset for m in whole]
+
+
+def test_a_malformed_pull_answer_is_refused_when_pulled_not_when_handed_out():
+    body = _answer(0, 3)
+    with pytest.raises(CorruptRecordError):
+        PulledBatch(body[:-1], "AB")
+    assert len(PulledBatch(b"", "AB")) == 0 and not PulledBatch(b"", "AB").open
+
+
+def test_the_committable_offset_stops_at_a_batch_s_first_unfinished_record_and_at_its_failed_ones():
+    pq = ProcessQueue("t", 0, 0)
+    first, second = PulledBatch(_answer(0, 10), "AB"), PulledBatch(_answer(10, 10), "AB")
+    pq.next_offset = 20
+    pq.add_batch(first)
+    pq.add_batch(second)
+    assert (pq.committable(), pq.count, pq.span()) == (0, 20, 20)
+    # the second batch finishes first (parallel_per_queue > 1), its record 13 failed
+    pq.finish_batch(second, 10, second.decode(3, 4))
+    assert (pq.committable(), pq.count) == (0, 11)
+    # the first stops handing out after record 5 (stopping): 6.. stay in flight with the batch
+    pq.finish_batch(first, 6, first.decode(2, 3))
+    assert (pq.committable(), pq.count) == (2, 4 + 1 + 1)
+    pq.done(first.decode(2, 3)[0])
+    assert pq.committable() == 6
+    pq.finish_batch(first, 10)
+    assert pq.committable() == 13  # the failed message of the later batch, added earlier
+    pq.done(second.decode(3, 4)[0])
+    assert (pq.committable(), pq.count, pq.bytes, pq.span()) == (20, 0, 0, 0)
+
+
+def test_messages_waiting_in_flight_are_not_objects_the_garbage_collector_scans(file_broker):
+    """Decoded at pull time, every message waiting for a handler thread (up to flow_max_messages
+    per queue) was a live object that each young-generation collection scanned and promoted: the
+    largest cost of consuming. Waiting messages stay bytes; a worker decodes a chunk at a time."""
+    with AdminClient(file_broker.address) as admin:
+        admin.create_topic("waiting", 1)
+    with Producer(file_broker.address) as p:
+        p.send_batch([Message("waiting", b"x" * 100) for _ in range(1000)])
+    release = threading.Event()
+
+    def handler(m: ReceivedMessage) -> None:
+        release.wait(30)
+
+    c = Consumer("gwait", file_broker.address, consume_from="first")
+    c.subscribe("waiting")
+    c.start(handler)
+    try:
+        assert wait_until(lambda: sum(pq.count for pq in c._async.queues.values()) >= 400, timeout=30)
+        live = sum(1 for o in gc.get_objects() if type(o) is ReceivedMessage)
+        in_flight = sum(pq.count for pq in c._async.queues.values())
+        assert live <= DECODE_CHUNK, f"{live} decoded messages alive for {in_flight} in flight"
+    finally:
+        release.set()
+        c.close()
