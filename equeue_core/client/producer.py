@@ -35,6 +35,7 @@ from equeue_core.errors import (
     TopicNotFoundError,
     TransportError,
 )
+from equeue_core.frame import encode_header
 from equeue_core.plugins import get_plugin_manager
 
 log = logging.getLogger("equeue.producer")
@@ -42,6 +43,7 @@ log = logging.getLogger("equeue.producer")
 ROUTE_TTL_S = 30.0
 _SEND = int(Code.SEND)
 MAX_FRAME_BODY = 15 * 1024 * 1024
+MAX_CACHED_HEADERS = 4096  # (topic, queue id) SEND headers a Producer keeps encoded (then starts over)
 
 
 @dataclass
@@ -500,6 +502,8 @@ class Producer:
         self._async = AsyncProducer(broker, **options)
         self._started = False
         self._direct: DirectConnection | None = None
+        # the SEND header of each (topic, queue id) a direct send used, as a map and encoded
+        self._send_headers: dict[tuple[str, int], tuple[dict[str, Any], bytes]] = {}
 
     def start(self) -> Producer:
         if not self._started:
@@ -607,11 +611,18 @@ class Producer:
         ...; a timed-out send may have been stored, so at least once). The answer's header, or
         None if the direct connection is busy or closed."""
         a = self._async
-        header = {"topic": topic, "queue_id": queue_id}
+        key = (topic, queue_id)
+        cached = self._send_headers.get(key)
+        if cached is None:
+            if len(self._send_headers) >= MAX_CACHED_HEADERS:
+                self._send_headers.clear()
+            header = {"topic": topic, "queue_id": queue_id}
+            cached = self._send_headers[key] = (header, encode_header(header))
+        header, header_b = cached
         attempt = 0
         while True:
             try:
-                resp = direct.try_request(_SEND, header, body, timeout or a.send_timeout)
+                resp = direct.try_request_encoded(_SEND, header, header_b, body, timeout or a.send_timeout)
                 return None if resp is None else resp.header
             except TransportError as e:
                 attempt += 1
