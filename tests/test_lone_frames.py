@@ -109,3 +109,18 @@ def test_direct_sends_to_many_queues_and_topics_reuse_their_headers_and_land_whe
         got = consume(file_broker.address, "g", topic, 20).items
         assert {(q, off) for _, q, off, _ in got} == {(r.queue_id, r.queue_offset) for r in sent if r.topic == topic}
         assert sorted(b for *_, b in got) == sorted(f"m{i}".encode() for i in range(60) if i % 3 == int(topic[1]))
+
+
+def test_direct_sends_of_every_message_shape_are_stored_field_for_field(file_broker) -> None:
+    """`send` encodes a plain message in one encode_record call and the others with
+    Message.encode: tags, keys, properties and str bodies all arrive as sent."""
+    shapes = [Message("shapes", b"plain"), Message("shapes", b"tagged", tag="TagA"),
+              Message("shapes", b"", tag=""), Message("shapes", "text body"),
+              Message("shapes", b"keyed", keys=("k1", "k2")), Message("shapes", b"props", properties={"a": "b"})]
+    with Producer(file_broker.address) as p:
+        for m in shapes:
+            p.send(m, routing_key="one queue")
+    got = sorted(consume(file_broker.address, "g", "shapes", len(shapes)).messages, key=lambda m: m.queue_offset)
+    assert [(m.body, m.tag, m.keys, m.properties) for m in got] == [
+        (b"plain", None, (), {}), (b"tagged", "TagA", (), {}), (b"", None, (), {}), (b"text body", None, (), {}),
+        (b"keyed", None, ("k1", "k2"), {}), (b"props", None, (), {"a": "b"})]

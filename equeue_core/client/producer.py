@@ -565,9 +565,14 @@ class Producer:
             return None
         topic = message.topic
         queue_id = self._direct_queue(topic, routing_key)
-        parts: list[bytes] = []
-        append_record(parts, message, queue_id, time.time_ns() // 1_000_000)
-        h = self._request_direct(direct, topic, queue_id, b"".join(parts), timeout)
+        body = message.body
+        if type(body) is bytes and not message.keys and not message.properties:
+            # the whole record in one call (the compiled encode_record when built; same bytes as
+            # append_record, tests/test_producer_encoding.py)
+            rec = record.encode_record(topic, body, message.tag, (), None, queue_id)
+        else:
+            rec = message.encode(queue_id)
+        h = self._request_direct(direct, topic, queue_id, rec, timeout)
         if h is None:
             return None
         return SendResult(f"{h['id_prefix']}{h['positions'][0]:016X}", topic, queue_id, h["first_offset"])
