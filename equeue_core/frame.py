@@ -83,16 +83,31 @@ class Frame:
 def encode(frame: Frame, max_frame: int = DEFAULT_MAX_FRAME) -> list[bytes | bytearray | memoryview]:
     """The frame as buffers to write in order (head+header, then body, uncopied)."""
     header_b = _encoder.encode(frame.header) if frame.header else b""
-    length = HEAD_SIZE - LENGTH_SIZE + len(header_b) + len(frame.body)
+    return encode_parts(frame.code, frame.request_id, frame.flags, header_b, frame.body, max_frame)
+
+
+def encode_header(header: dict[str, Any]) -> bytes:
+    """A header map as `encode` writes it (for a caller that reuses the bytes: encode_parts)."""
+    return _encoder.encode(header) if header else b""
+
+
+def encode_parts(code: int, request_id: int, flags: int, header_b: bytes,
+                 body: bytes | bytearray | memoryview, max_frame: int = DEFAULT_MAX_FRAME,
+                 join_below: int = 0) -> list[bytes | bytearray | memoryview]:
+    """`encode` for a header already encoded (encode_header): the buffers to write in order.
+    A body shorter than `join_below` bytes is joined into the first buffer (one buffer: one
+    plain send for a small frame); a longer one is its own buffer, uncopied."""
+    length = HEAD_SIZE - LENGTH_SIZE + len(header_b) + len(body)
     if length + LENGTH_SIZE > max_frame:
         raise FrameTooLargeError(
             f"frame of {length + LENGTH_SIZE} bytes is over the maximum of {max_frame}",
             size=length + LENGTH_SIZE, max=max_frame)
-    head = HEAD.pack(length, MAGIC, VERSION, frame.code, frame.flags, 0,
-                     frame.request_id, len(header_b))
-    if frame.body:
-        return [head + header_b, frame.body]
-    return [head + header_b]
+    head = HEAD.pack(length, MAGIC, VERSION, code, flags, 0, request_id, len(header_b))
+    if not body:
+        return [head + header_b]
+    if len(body) < join_below:
+        return [b"".join((head, header_b, body))]
+    return [head + header_b, body]
 
 
 def encode_bytes(frame: Frame, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:

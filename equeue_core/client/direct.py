@@ -31,6 +31,9 @@ class DirectConnection:
         self._credentials = credentials
         self._lock = threading.Lock()
         self._closed = False
+        # a transport's optional request_encoded(code, header bytes, body, timeout) (tcp, tls):
+        # the same request with a header the caller encoded once and reuses (try_request_encoded)
+        self._request_encoded = getattr(conn, "request_encoded", None)
 
     @classmethod
     def of(cls, broker: BrokerConnection) -> DirectConnection | None:
@@ -56,6 +59,25 @@ class DirectConnection:
             if self._credentials is not None:
                 header = signed_header(self._credentials, code, header, body)
             response = self._conn.request(Frame(code, 0, 0, header or {}, body), timeout)
+            return raise_for_error(response) if response.flags & FLAG_ERROR else response
+        finally:
+            self._lock.release()
+
+    def try_request_encoded(self, code: int, header: dict[str, Any], header_b: bytes, body: bytes,
+                            timeout: float) -> Frame | None:
+        """`try_request` with `header_b`, the caller's frame.encode_header(header) (a producer
+        reuses the bytes for every send to a queue). Same answers and errors; a connection with
+        credentials signs `header` (the signature covers the request) and a transport without
+        request_encoded encodes it, exactly as try_request does."""
+        request_encoded = self._request_encoded
+        if self._credentials is not None or request_encoded is None:
+            return self.try_request(code, header, body, timeout)
+        if self._closed or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._closed:
+                return None
+            response = request_encoded(code, header_b, body, timeout)
             return raise_for_error(response) if response.flags & FLAG_ERROR else response
         finally:
             self._lock.release()

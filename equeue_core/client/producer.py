@@ -35,6 +35,7 @@ from equeue_core.errors import (
     TopicNotFoundError,
     TransportError,
 )
+from equeue_core.frame import encode_header
 from equeue_core.plugins import get_plugin_manager
 
 log = logging.getLogger("equeue.producer")
@@ -42,6 +43,7 @@ log = logging.getLogger("equeue.producer")
 ROUTE_TTL_S = 30.0
 _SEND = int(Code.SEND)
 MAX_FRAME_BODY = 15 * 1024 * 1024
+MAX_CACHED_HEADERS = 4096  # (topic, queue id) SEND headers a Producer keeps encoded (then starts over)
 
 
 @dataclass
@@ -500,6 +502,8 @@ class Producer:
         self._async = AsyncProducer(broker, **options)
         self._started = False
         self._direct: DirectConnection | None = None
+        # the SEND header of each (topic, queue id) a direct send used, as a map and encoded
+        self._send_headers: dict[tuple[str, int], tuple[dict[str, Any], bytes]] = {}
 
     def start(self) -> Producer:
         if not self._started:
@@ -561,9 +565,14 @@ class Producer:
             return None
         topic = message.topic
         queue_id = self._direct_queue(topic, routing_key)
-        parts: list[bytes] = []
-        append_record(parts, message, queue_id, time.time_ns() // 1_000_000)
-        h = self._request_direct(direct, topic, queue_id, b"".join(parts), timeout)
+        body = message.body
+        if type(body) is bytes and not message.keys and not message.properties:
+            # the whole record in one call (the compiled encode_record when built; same bytes as
+            # append_record, tests/test_producer_encoding.py)
+            rec = record.encode_record(topic, body, message.tag, (), None, queue_id)
+        else:
+            rec = message.encode(queue_id)
+        h = self._request_direct(direct, topic, queue_id, rec, timeout)
         if h is None:
             return None
         return SendResult(f"{h['id_prefix']}{h['positions'][0]:016X}", topic, queue_id, h["first_offset"])
@@ -607,11 +616,18 @@ class Producer:
         ...; a timed-out send may have been stored, so at least once). The answer's header, or
         None if the direct connection is busy or closed."""
         a = self._async
-        header = {"topic": topic, "queue_id": queue_id}
+        key = (topic, queue_id)
+        cached = self._send_headers.get(key)
+        if cached is None:
+            if len(self._send_headers) >= MAX_CACHED_HEADERS:
+                self._send_headers.clear()
+            header = {"topic": topic, "queue_id": queue_id}
+            cached = self._send_headers[key] = (header, encode_header(header))
+        header, header_b = cached
         attempt = 0
         while True:
             try:
-                resp = direct.try_request(_SEND, header, body, timeout or a.send_timeout)
+                resp = direct.try_request_encoded(_SEND, header, header_b, body, timeout or a.send_timeout)
                 return None if resp is None else resp.header
             except TransportError as e:
                 attempt += 1

@@ -64,6 +64,7 @@ class Master:
         self.replicas: dict[int, ReplicaState] = {}
         self._waiters: list[_Waiter] = []
         self._grew = asyncio.Event()
+        self._grew_watched = False  # a fetch waits on _grew (else appended() has nothing to wake)
 
     # ------------------------------------------------------------ the in-sync set
     def in_sync_ids(self) -> list[int]:
@@ -120,9 +121,12 @@ class Master:
                     in_sync=len(in_sync), min_insync=need))
 
     def appended(self) -> None:
-        """The log grew: wake long-polling fetches."""
-        self._grew.set()
-        self._grew = asyncio.Event()
+        """The log grew: wake long-polling fetches. Called per stored send: without a fetch
+        waiting (no replicas, or none caught up) it only reads a flag."""
+        if self._grew_watched:
+            self._grew_watched = False
+            self._grew.set()
+            self._grew = asyncio.Event()
 
     def connection_lost(self, conn_id: int) -> None:
         for r in self.replicas.values():
@@ -200,6 +204,7 @@ class Master:
             data = self.repl.log.read_log(position, max_bytes)
         if not data and wait_ms:
             grew = self._grew
+            self._grew_watched = True
             try:
                 await asyncio.wait_for(grew.wait(), wait_ms / 1000)
             except TimeoutError:

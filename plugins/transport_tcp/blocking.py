@@ -40,6 +40,7 @@ from equeue_core.contracts import TransportSettings
 from equeue_core.errors import ConnectionLostError, EQueueError, RequestTimeoutError, TransportError
 
 RECV_SIZE = 64 * 1024
+JOIN_BELOW = 16 * 1024  # request_encoded joins a body below this into one buffer (one send)
 STALE_CHECK_AFTER_S = 0.2  # idle this long: peek for a close by the server before writing
 # A read keeps the socket's timeout when it is at most this much longer than asked: a poll loop
 # asks for a slightly different remaining time on every call, and two setsockopt calls per read
@@ -106,6 +107,20 @@ class BlockingTcpConnection:
         frame.request_id = request_id
         frame.flags &= ~(wire.FLAG_ONEWAY | wire.FLAG_RESPONSE | wire.FLAG_PUSH)
         buffers = wire.encode(frame, self.settings.max_frame_size)  # FrameTooLargeError: nothing sent
+        return self._exchange(request_id, buffers, timeout)
+
+    def request_encoded(self, code: int, header: bytes, body: bytes | bytearray | memoryview,
+                        timeout: float) -> wire.Frame:
+        """`request` of a frame whose header map the caller encoded (frame.encode_header) and may
+        reuse: a producer's SEND header is the same for every send to a queue. Same guarantees;
+        a small frame leaves as one buffer (one plain send)."""
+        request_id = next(self._ids)
+        buffers = wire.encode_parts(code, request_id, 0, header, body, self.settings.max_frame_size,
+                                    JOIN_BELOW)  # FrameTooLargeError: nothing sent
+        return self._exchange(request_id, buffers, timeout)
+
+    def _exchange(self, request_id: int, buffers: list, timeout: float) -> wire.Frame:
+        """Write the encoded request `request_id` and wait for its response."""
         now = time.monotonic()
         sock = self._sock
         if sock is not None and now - self._used > STALE_CHECK_AFTER_S and self._stale(sock):
@@ -175,6 +190,11 @@ class BlockingTcpConnection:
             if not n:
                 raise ConnectionLostError(f"connection to {self.address} closed by the server")
             view = self._rview
+            if wire.HEAD_SIZE <= n <= self.settings.max_frame_size:
+                head = wire.HEAD.unpack_from(view, 0)
+                if head[0] + wire.LENGTH_SIZE == n and head[1] == wire.MAGIC and head[2] == wire.VERSION:
+                    # exactly one whole frame with a good head: decoded with the head read once
+                    return wire.decode_checked(head, view[:n].tobytes())
             if n >= wire.LENGTH_SIZE and wire.frame_length(view[:wire.LENGTH_SIZE],
                                                           self.settings.max_frame_size) + wire.LENGTH_SIZE == n:
                 return wire.decode(view[:n].tobytes())

@@ -129,6 +129,26 @@ class FrameReader:
             self._end += nbytes
         self._parse()
 
+    def feed_lone(self, nbytes: int) -> wire.Frame | None:
+        """`feed`'s shortcut for the usual read of a request/response peer: `nbytes` arrived into
+        an empty reader and they are exactly one whole, well-formed frame below HANDOVER_MIN.
+        Then that frame is returned (consumed: `on_frame` is NOT called for it) and the reader is
+        empty again. In any other case (more or less than one frame, something already buffered,
+        a bad or oversized head, a header that does not decode) nothing is consumed and None is
+        returned: the caller then calls `feed(nbytes)`, which handles it as it always did."""
+        if (self._end or self._body is not None or self._discard or nbytes < wire.HEAD_SIZE
+                or nbytes >= HANDOVER_MIN):
+            return None
+        buf = self._buf
+        head: Head = wire.HEAD.unpack_from(buf, 0)
+        if (head[0] + wire.LENGTH_SIZE != nbytes or head[1] != wire.MAGIC or head[2] != wire.VERSION
+                or nbytes > self.max_frame):
+            return None
+        try:
+            return wire.decode_checked(head, bytes(memoryview(buf)[:nbytes]))
+        except Exception:  # feed() reports it exactly as before (on_bad_frame)
+            return None
+
     def _parse(self) -> None:
         buf = self._buf
         while True:

@@ -183,7 +183,13 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         server = self._server
         server.parsing += 1
         try:
-            self.reader.feed(nbytes)
+            # A peer that waits for each answer sends one whole frame per read: take it without
+            # the general parser's bookkeeping (same frame, same admission, same order).
+            lone = self.reader.feed_lone(nbytes)
+            if lone is None:
+                self.reader.feed(nbytes)
+            else:
+                self._on_frame(lone)
         finally:
             writer.release()
             server.parsing -= 1
