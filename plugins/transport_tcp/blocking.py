@@ -119,6 +119,15 @@ class BlockingTcpConnection:
                                     JOIN_BELOW)  # FrameTooLargeError: nothing sent
         return self._exchange(request_id, buffers, timeout)
 
+    def _reconnect(self) -> socket.socket:
+        """Connect (again) and return the socket; ConnectionLostError if that fails."""
+        try:
+            self.connect()
+        except TransportError as e:
+            raise ConnectionLostError(str(e)) from None
+        assert self._sock is not None
+        return self._sock
+
     def _exchange(self, request_id: int, buffers: list, timeout: float) -> wire.Frame:
         """Write the encoded request `request_id` and wait for its response."""
         now = time.monotonic()
@@ -127,12 +136,7 @@ class BlockingTcpConnection:
             self.close()
             sock = None
         if sock is None:
-            try:
-                self.connect()
-            except TransportError as e:
-                raise ConnectionLostError(str(e)) from None
-            sock = self._sock
-            assert sock is not None
+            sock = self._reconnect()
         deadline = now + timeout
         try:
             if timeout != self._timeout:
@@ -223,14 +227,7 @@ class BlockingTcpConnection:
         frame.request_id = request_id
         frame.flags &= ~(wire.FLAG_ONEWAY | wire.FLAG_RESPONSE | wire.FLAG_PUSH)
         buffers = wire.encode(frame, self.settings.max_frame_size)
-        sock = self._sock
-        if sock is None:
-            try:
-                self.connect()
-            except TransportError as e:
-                raise ConnectionLostError(str(e)) from None
-            sock = self._sock
-            assert sock is not None
+        sock = self._sock if self._sock is not None else self._reconnect()
         try:
             self._write(sock, buffers)
         except (OSError, ssl.SSLError) as e:
