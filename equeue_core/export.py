@@ -163,11 +163,58 @@ def first_damaged(data: bytes | memoryview, starts: Any, sizes: Any, positions: 
 
 
 def _view_array(raw: Any, data_buf: Any, at: Any, lengths: Any, kind: str, validity: Any = None) -> Any:
-    """The byte ranges [at, at + lengths) of `raw` as a string/binary Arrow array.
+    """The byte ranges [at, at + lengths) of `raw` (whose bytes `data_buf` holds) as a string/binary
+    Arrow array; Python makes no object per row.
 
-    Builds a binary-view array (16 bytes per row: length, inline bytes or a 4-byte prefix and the
-    offset into `data_buf`) with numpy, then casts it to the plain type: Arrow's C++ does the
-    gather, Python makes no object per row."""
+    Ranges in buffer order that do not overlap (what every store reader hands over: records in
+    offset order, fields of one kind) take the cheap path, _ordered_ranges_array; any other order
+    goes through a binary-view array."""
+    import numpy as np
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ordered = _ordered_ranges_array(data_buf, at, lengths, kind, validity)
+    if ordered is not None:
+        return ordered
+    return _view_cast_array(raw, data_buf, at, lengths, kind, validity)
+
+
+_ODD_INDICES: dict[int, Any] = {}
+
+
+def _ordered_ranges_array(data_buf: Any, at: Any, lengths: Any, kind: str, validity: Any = None) -> Any:
+    """The ranges as a plain string/binary array, or None when they are not in buffer order.
+
+    The whole buffer is described as one binary array of 2n values that alternate gap, range, gap,
+    range... (its offsets are just the range bounds interleaved), and Arrow's C++ `take` of the odd
+    values copies the ranges into a new contiguous array. 3-5x cheaper than building views (no
+    prefix gather, no masking of short values) and than the view -> plain cast."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(at)
+    if n == 0:
+        return None
+    bounds = np.empty(2 * n + 1, dtype=np.int64)
+    bounds[0] = 0
+    bounds[1::2] = at
+    bounds[2::2] = at + lengths
+    if bounds[-1] > data_buf.size or not (bounds[1:] >= bounds[:-1]).all():
+        return None
+    odd = _ODD_INDICES.get(n)
+    if odd is None:
+        odd = pa.array(np.arange(1, 2 * n, 2, dtype=np.int32))
+        if n in (65536, 16384, 4096):  # the usual batch sizes: reused
+            _ODD_INDICES[n] = odd
+    whole = pa.Array.from_buffers(pa.binary(), 2 * n, [None, pa.py_buffer(bounds.astype(np.int32)), data_buf])
+    picked = whole.take(odd)
+    typ = pa.string() if kind == "str" else pa.binary()
+    return pa.Array.from_buffers(typ, n, [validity, *picked.buffers()[1:]])
+
+
+def _view_cast_array(raw: Any, data_buf: Any, at: Any, lengths: Any, kind: str, validity: Any = None) -> Any:
+    """The ranges in any order: a binary-view array (16 bytes per row: length, inline bytes or a
+    4-byte prefix and the offset into `data_buf`) built with numpy, cast to the plain type (Arrow's
+    C++ does the gather)."""
     import numpy as np
     import pyarrow as pa
 
