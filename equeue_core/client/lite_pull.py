@@ -132,6 +132,13 @@ class _Membership(AsyncConsumer):
         return self._id_prefix
 
 
+# Consumer options a LitePullConsumer refuses by name (instead of "unknown credential argument")
+PUSH_CONSUMER_ONLY = ("nameserver", "mode", "orderly", "consume_batch_size", "threads",
+                      "max_reconsume_times", "consume_timeout", "commit_interval", "lock_interval",
+                      "offset_dir", "flow_max_messages", "flow_max_bytes", "flow_max_span",
+                      "parallel_per_queue")
+
+
 async def _no_handler(*_: object) -> None:  # the membership never pulls, so never calls it
     raise AssertionError("a LitePullConsumer's membership handles no messages")
 
@@ -152,6 +159,12 @@ class LitePullConsumer:
         hold_ms, before the connection counts as dead (RequestTimeoutError; the next poll connects
         again); credentials as for Consumer (access_key, secret_key, tls_*). ConfigError for a
         transport without blocking connections."""
+        unsupported = sorted(set(credentials) & set(PUSH_CONSUMER_ONLY))
+        if unsupported:
+            raise ConfigError(f"LitePullConsumer does not take {', '.join(unsupported)} (Consumer "
+                              "options): it reads one broker in clustering mode and the caller "
+                              "handles what poll returns; use Consumer for a name server, "
+                              "broadcasting, orderly handling or retry topics")
         self.group = group
         self.pull_batch = pull_batch
         self.hold_ms = max(1, int(hold_ms))
