@@ -135,13 +135,31 @@ class ScriptedHandler:
         self.holding = 0
         self.cancelled = 0
 
-    async def handle(self, conn: ServerConnection, frame: Frame) -> Frame | None:
+    def record(self, conn: ServerConnection, frame: Frame) -> bool:
+        """Note the connection and the request; True for a one-way request (nothing to answer)."""
         self.connections[conn.id] = conn
         if frame.is_oneway:
             self.oneway.append(Frame(frame.code, frame.request_id, frame.flags, dict(frame.header),
                                      bytes(frame.body)))
-            return None
+            return True
         self.requests.append(frame)
+        return False
+
+    async def hold(self, frame: Frame) -> Frame:
+        """Answer `frame` once `release` is set (counting holders and cancellations)."""
+        self.holding += 1
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.holding -= 1
+        return frame.response({"released": True})
+
+    async def handle(self, conn: ServerConnection, frame: Frame) -> Frame | None:
+        if self.record(conn, frame):
+            return None
         if frame.code == ECHO:
             return frame.response(frame.header, frame.body)
         if frame.code == SLEEP:
@@ -152,15 +170,7 @@ class ScriptedHandler:
                 conn.push(Frame(PUSH, header={"n": i}, body=b"p" * i))
             return frame.response({"pushed": frame.header["count"]})
         if frame.code == HOLD:
-            self.holding += 1
-            try:
-                await self.release.wait()
-            except asyncio.CancelledError:
-                self.cancelled += 1
-                raise
-            finally:
-                self.holding -= 1
-            return frame.response({"released": True})
+            return await self.hold(frame)
         if frame.code == FAIL:
             raise RuntimeError("scripted failure")
         return frame.error_response("unknown_request", f"code {frame.code}")

@@ -33,25 +33,13 @@ class ImmediateHandler(ScriptedHandler):
 
     def handle_now(self, conn, frame: Frame):
         self.now_calls += 1
-        self.connections[conn.id] = conn
-        if frame.is_oneway:
-            self.oneway.append(Frame(frame.code, frame.request_id, frame.flags, dict(frame.header),
-                                     bytes(frame.body)))
+        if self.record(conn, frame):
             return None
-        self.requests.append(frame)
         if frame.code == ECHO:
             return frame.response(frame.header, frame.body)
         if frame.code == FAIL:
             raise RuntimeError("scripted failure")
-        return self._held(frame)
-
-    async def _held(self, frame: Frame) -> Frame:
-        self.holding += 1
-        try:
-            await self.release.wait()
-        finally:
-            self.holding -= 1
-        return frame.response({"released": True})
+        return self.hold(frame)
 
 
 def test_immediate_and_task_requests_reach_the_handler_in_arrival_order(name: str, loop: str) -> None:
