@@ -57,17 +57,11 @@ def curve_client_keys(request, monkeypatch):
 @pytest.fixture
 def broker(tmp_path, stack):
     store, transport = stack
-    b = BrokerProcess(tmp_path / "data", store=store, transport=transport).start()
-    try:
+    with BrokerProcess(tmp_path / "data", store=store, transport=transport) as b:
         yield b
-    finally:
-        b.stop()
 
 
 @pytest.fixture
 def file_broker(tmp_path):
-    b = BrokerProcess(tmp_path / "data").start()
-    try:
+    with BrokerProcess(tmp_path / "data") as b:
         yield b
-    finally:
-        b.stop()

@@ -28,11 +28,8 @@ def shots(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def web_broker(tmp_path_factory):
-    b = BrokerProcess(tmp_path_factory.mktemp("broker") / "data").start()
-    try:
+    with BrokerProcess(tmp_path_factory.mktemp("broker") / "data") as b:
         yield b
-    finally:
-        b.stop()
 
 
 @pytest.fixture(scope="module")

@@ -28,11 +28,8 @@ def fast_broker(tmp_path):
     cfg = tmp_path / "broker.toml"
     cfg.write_text(f'delay_levels = "{LEVELS}"\nheartbeat_expiry_s = 5\nqueue_lock_expiry_s = 5\n'
                    f'offset_persist_ms = 200\n')
-    b = BrokerProcess(tmp_path / "data", config=str(cfg)).start()
-    try:
+    with BrokerProcess(tmp_path / "data", config=str(cfg)) as b:
         yield b
-    finally:
-        b.stop()
 
 
 def _create(address: str, topic: str, queues: int) -> None:

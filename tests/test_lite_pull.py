@@ -29,11 +29,8 @@ from tests.helpers.waiting import wait_until
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    b = BrokerProcess(tmp_path_factory.mktemp("lite") / "data").start()
-    try:
+    with BrokerProcess(tmp_path_factory.mktemp("lite") / "data") as b:
         yield b
-    finally:
-        b.stop()
 
 
 def _topic(broker: BrokerProcess, name: str, queues: int) -> str:

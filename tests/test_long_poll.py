@@ -88,11 +88,8 @@ def test_a_late_answer_goes_to_its_listener_at_once_and_to_an_awaiting_task_othe
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    b = BrokerProcess(tmp_path_factory.mktemp("held") / "data").start()
-    try:
+    with BrokerProcess(tmp_path_factory.mktemp("held") / "data") as b:
         yield b
-    finally:
-        b.stop()
 
 
 def _request(code: int, request_id: int, header: dict, body: bytes = b"") -> bytes:

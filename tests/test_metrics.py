@@ -31,11 +31,8 @@ def value(samples: list, name: str, **labels: str) -> float:
 
 @pytest.fixture
 def metrics_broker(tmp_path):
-    b = BrokerProcess(tmp_path / "data", metrics_port=free_port()).start()
-    try:
+    with BrokerProcess(tmp_path / "data", metrics_port=free_port()) as b:
         yield b
-    finally:
-        b.stop()
 
 
 def test_counters_move_as_messages_are_sent_and_consumed(metrics_broker):

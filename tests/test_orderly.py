@@ -22,11 +22,8 @@ def long_lock_broker(tmp_path):
     """Locks expire after 10 minutes: a lock can only move because its holder's connection closed."""
     cfg = tmp_path / "broker.toml"
     cfg.write_text("heartbeat_expiry_s = 600\nqueue_lock_expiry_s = 600\noffset_persist_ms = 200\n")
-    b = BrokerProcess(tmp_path / "data", config=str(cfg)).start()
-    try:
+    with BrokerProcess(tmp_path / "data", config=str(cfg)) as b:
         yield b
-    finally:
-        b.stop()
 
 
 def test_a_consumer_whose_connection_drops_stops_before_the_next_lock_holder_starts(long_lock_broker):

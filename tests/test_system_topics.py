@@ -29,11 +29,8 @@ LEVELS = "200ms 300ms 400ms 500ms 600ms 700ms 800ms 900ms"
 def fast_broker(tmp_path):
     cfg = tmp_path / "broker.toml"
     cfg.write_text(f'delay_levels = "{LEVELS}"\nheartbeat_expiry_s = 5\noffset_persist_ms = 200\n')
-    b = BrokerProcess(tmp_path / "data", config=str(cfg)).start()
-    try:
+    with BrokerProcess(tmp_path / "data", config=str(cfg)) as b:
         yield b
-    finally:
-        b.stop()
 
 
 def test_producers_cannot_write_into_existing_system_topics(fast_broker):
