@@ -13,7 +13,9 @@ Guarantees the broker relies on:
   An awaitable with `listen` (a late answer: a held pull, equeue_core.broker.long_poll) gets no
   task: its answer is written in the very callback that gives it (the append that woke the
   pull) and handed to the kernel right after that read's own answers (the send's
-  acknowledgement first), in the same loop turn.
+  acknowledgement first), in the same loop turn. A read that is exactly one small frame (a
+  peer waiting for each answer) skips the admission's hand-offs when it would start at once
+  (`_on_lone`), counted the same way.
 - A handler that raises gets an error response (its EQueueError code, else "error"), never a hang.
 - Bad input only ever affects the connection it came on: an oversized or undecodable frame whose
   head parsed gets an error frame; an unparseable stream is closed; a connection that stops in the
