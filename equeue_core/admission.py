@@ -152,10 +152,23 @@ class RequestAdmission(Generic[T]):
             self.running -= 1
             self.charged -= size
             return
+        self.reserve()
+
+    def reserve(self) -> None:
+        """A started request answers later: reserve its expected response in this iteration
+        (for a transport that started one itself, see `starts_alone`)."""
         self._turn += 1
         if not self._turn_reset:
             self._turn_reset = True
             self._loop.call_soon(self._reset_turn)
+
+    def starts_alone(self) -> bool:
+        """True when a request offered now would be started at once because nothing of the
+        connection is running or waiting and its unsent bytes are within half the budget (the
+        first rule of `offer`). A transport may then run it itself, counting it as `offer` and
+        `start` would: `charged` += its size + REQUEST_COST and `running` += 1 before it runs;
+        both taken back if it answered within the call, else `reserve()`, and `finished` later."""
+        return not self.running and not self.backlog and self._unsent() <= self.budget // 2
 
     def _reset_turn(self) -> None:
         self._turn_reset = False

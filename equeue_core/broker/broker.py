@@ -43,7 +43,7 @@ from equeue_core.errors import (
     UnknownRequestError,
 )
 from equeue_core.export import BROKER_INFO
-from equeue_core.frame import Frame
+from equeue_core.frame import FLAG_ONEWAY, FLAG_RESPONSE, Frame
 from equeue_core.plugins import PluginManager, get_plugin_manager
 from equeue_core.replication.replication import Replication
 from equeue_core.serving import access_gate, server_settings
@@ -303,6 +303,11 @@ class Broker:
         """Store a validated batch and wake pulls held on its queue. Synchronous: arrival order
         of send requests is store order. NotMasterError on a replica."""
         self.replication.check_writable()
+        return self._store(topic, queue_id, batch, starts)
+
+    def _store(self, topic: str, queue_id: int, batch: bytearray, starts: list[int]):
+        """`append` once the broker is known to be writable (send_now: `_admit` checked it in
+        the same synchronous call)."""
         result = self.store.append(topic, queue_id, batch, starts)
         self.replication.appended()
         self.stats["received"] += len(starts)
@@ -323,19 +328,31 @@ class Broker:
     def send_now(self, conn: ServerConnection, frame: Frame) -> Frame | None | Awaitable[Frame | None]:
         """Validate and store a send now (arrival order is store order); its answer now when
         nothing is to wait for, else an awaitable of it: flush=sync waits for the fsync, sync
-        replication for the replicas, before anything is acknowledged."""
+        replication for the replicas, before anything is acknowledged.
+
+        The one-by-one producer's request runs this once per message, so the plain case (a
+        header of just topic and queue id, a known topic) takes no detour: the same checks, in
+        the same order, with the same errors, as the general path it falls back to for the rest
+        (delays, epochs, new topics, bad fields). Only called after `_admit` (handle_now, handle),
+        which refused writes on a replica in this same synchronous call."""
         arrived = time.perf_counter()
         h = frame.header
-        topic = _str(h, "topic")
-        queue_id = _int(h, "queue_id")
+        topic = h.get("topic")
+        if type(topic) is not str:
+            topic = _str(h, "topic")
+        queue_id = h.get("queue_id")
+        if type(queue_id) is not int:
+            queue_id = _int(h, "queue_id")
         check_producer_topic(topic)
-        if topic not in self.topics.topics:
+        queues = self.topics.topics.get(topic)
+        if queues is None:
             check_topic_name(topic)
             self.topics.queues(topic, create=True)
-        self.topics.check_queue(topic, queue_id)
-        if not frame.body:
-            raise InvalidMessageError("a send carries at least one message")
+        if queues is None or not 0 <= queue_id < queues:
+            self.topics.check_queue(topic, queue_id)
         body = frame.body
+        if not body:
+            raise InvalidMessageError("a send carries at least one message")
         # A bytearray body is the request's own (transport contract, framing.py): stamp it in
         # place; any other body (bytes, a memoryview of a shared buffer) is copied first.
         batch = body if type(body) is bytearray else bytearray(body)
@@ -343,14 +360,19 @@ class Broker:
             starts = record.scan(batch, topic=topic.encode(), max_body=self.config.max_body_size)
         except CorruptRecordError as e:
             raise InvalidMessageError(f"malformed message batch: {e}") from None
-        delayed = self.scheduler.due_time(h)
-        self.replication.check_epoch(h)  # a write stamped with another epoch: not_master
-        self.replication.require_in_sync()  # sync replication: not_enough_replicas before storing
+        replication = self.replication
+        # topic and queue_id are both there: a header of two keys asks for no delay and no epoch
+        delayed = None if len(h) == 2 else self.scheduler.due_time(h)
+        if len(h) != 2:
+            replication.check_epoch(h)  # a write stamped with another epoch: not_master
+        sync = replication.sync_required()
+        if sync:
+            replication.require_in_sync()  # sync replication: not_enough_replicas before storing
         if delayed is not None:
             result = self.scheduler.schedule_batch(topic, queue_id, batch, starts, *delayed)
         else:
-            result = self.append(topic, queue_id, batch, starts)
-        if self.replication.sync_required():
+            result = self._store(topic, queue_id, batch, starts)
+        if sync:
             # one wait per request for both: the local flush and the replicas' acknowledgements
             return self._send_acknowledged(frame, queue_id, result, arrived, replicated=True)
         if self.config.flush == "sync":
@@ -367,10 +389,11 @@ class Broker:
 
     def _send_answer(self, frame: Frame, queue_id: int, result, arrived: float) -> Frame | None:
         self.metrics.send_latency.observe(time.perf_counter() - arrived)
-        if frame.is_oneway:
+        if frame.flags & FLAG_ONEWAY:
             return None
-        return frame.response({"queue_id": queue_id, "first_offset": result.first_queue_offset,
-                               "positions": result.positions, "id_prefix": self.id_prefix})
+        return Frame(frame.code, frame.request_id, FLAG_RESPONSE,
+                     {"queue_id": queue_id, "first_offset": result.first_queue_offset,
+                      "positions": result.positions, "id_prefix": self.id_prefix})
 
     # ------------------------------------------------------------------ reading
 

@@ -95,8 +95,11 @@ class CommitLog:
         return start
 
     def _write(self, data: bytes | bytearray | memoryview) -> None:
-        mv = memoryview(data)
         try:
+            n = os.write(self._fd, data)  # the usual case: the kernel takes it all in one write
+            if n == len(data):
+                return
+            mv = memoryview(data)[n:]
             while mv:
                 mv = mv[os.write(self._fd, mv):]
         except OSError as e:  # disk full: cut the partial record off so the log stays a clean prefix

@@ -420,7 +420,10 @@ class FileQueueIndex:
 
 
 def _write_all(fd: int, data: memoryview | bytes | bytearray) -> None:
-    mv = memoryview(data)
+    n = os.write(fd, data)  # the usual case: all of it in one write
+    if n == len(data):
+        return
+    mv = memoryview(data)[n:]
     while mv:
         n = os.write(fd, mv)
         mv = mv[n:]

@@ -28,6 +28,19 @@ class Ring:
         size = self.size
         if not size or n == 0:
             return
+        first = position // RING_PAGE
+        if (position + n - 1) // RING_PAGE == first:
+            # Within one page (a single send's record): the general path below for one slot. A
+            # page never wraps the ring (its size is a whole number of pages).
+            tags = self.tags
+            slot = first % self.pages
+            whole = position % RING_PAGE == 0 or tags[slot] == first
+            tags[slot] = -1
+            start = position % size
+            self.buf[start:start + n] = data
+            if whole:
+                tags[slot] = first
+            return
         if n > size:  # only the last `size` bytes can stay
             data = memoryview(data)[n - size:]
             position += n - size

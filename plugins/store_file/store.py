@@ -390,7 +390,7 @@ class FileMessageStore:
         if first is None:
             first = self._next[key] = self.index.queue_range(topic, queue_id)[1]
         base = self.log.reserve(len(batch))
-        positions = [base + s for s in starts] if base else list(starts)
+        positions = [base + s for s in starts] if len(starts) != 1 else [base + starts[0]]
         ts = time.time_ns() // 1_000_000
         if ts < self._last_ts:
             ts = self._last_ts

@@ -141,11 +141,16 @@ class BlockingTcpConnection:
         try:
             if timeout != self._timeout:
                 self._set_timeout(sock, timeout)
-            self._write(sock, buffers)
+            if len(buffers) == 1:
+                sock.sendall(buffers[0])  # a small request (request_encoded joins it), as _write does
+            else:
+                self._write(sock, buffers)
             while True:
                 response = self._read_frame(sock, deadline)
                 if response.request_id == request_id and not response.flags & wire.FLAG_PUSH:
-                    self._used = time.monotonic()
+                    # used since the request began: idle time counts from a moment no later
+                    # than the answer, so the stale check below never comes later than before
+                    self._used = now
                     return response
         except (TimeoutError, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO ran out
             self.close()

@@ -13,7 +13,9 @@ Guarantees the broker relies on:
   An awaitable with `listen` (a late answer: a held pull, equeue_core.broker.long_poll) gets no
   task: its answer is written in the very callback that gives it (the append that woke the
   pull) and handed to the kernel right after that read's own answers (the send's
-  acknowledgement first), in the same loop turn.
+  acknowledgement first), in the same loop turn. A read that is exactly one small frame (a
+  peer waiting for each answer) skips the admission's hand-offs when it would start at once
+  (`_on_lone`), counted the same way.
 - A handler that raises gets an error response (its EQueueError code, else "error"), never a hang.
 - Bad input only ever affects the connection it came on: an oversized or undecodable frame whose
   head parsed gets an error frame; an unparseable stream is closed; a connection that stops in the
@@ -39,7 +41,7 @@ from collections.abc import Awaitable, Mapping
 from equeue_plugins.transport_tcp.framing import FrameReader, Head, WriteCoalescer, error_for_head
 
 from equeue_core import frame as wire
-from equeue_core.admission import RequestAdmission
+from equeue_core.admission import REQUEST_COST, RequestAdmission
 from equeue_core.contracts import ServerHandler, TransportSettings
 from equeue_core.errors import FrameTooLargeError, ProtocolError, TooManyConnectionsError
 from equeue_core.server_answers import answer, answer_now, plain_details
@@ -189,7 +191,7 @@ class TcpServerConnection(asyncio.BufferedProtocol):
             if lone is None:
                 self.reader.feed(nbytes)
             else:
-                self._on_frame(lone)
+                self._on_lone(lone)
         finally:
             writer.release()
             server.parsing -= 1
@@ -256,6 +258,42 @@ class TcpServerConnection(asyncio.BufferedProtocol):
             return
         self._admission.offer(frame, wire.HEAD_SIZE + len(frame.body))
 
+    def _on_lone(self, request: wire.Frame) -> None:
+        """The one frame of a read (a peer that waits for each answer: a one-by-one `send`).
+        When the admission would start it at once and the handler answers it at once (fast
+        path), it is run here without the general path's hand-offs: same handler call, same
+        admission counts (RequestAdmission.starts_alone), same answer bytes, written straight to
+        the transport when nothing else of this connection waits to be written (else through the
+        writer, in order). Anything else takes `_on_frame`."""
+        adm = self._admission
+        if (self._closed or self._unstarted or request.code not in self._now_codes
+                or not adm.starts_alone()):
+            self._on_frame(request)
+            return
+        size = wire.HEAD_SIZE + len(request.body) + REQUEST_COST
+        adm.charged += size
+        adm.running += 1
+        response = answer_now(self._handler, self, request)
+        if response is not None and type(response) is not wire.Frame:  # the answer waits
+            adm.reserve()
+            self._answer_later(request, response)
+            return
+        adm.running -= 1
+        adm.charged -= size
+        writer = self._writer
+        if response is None or request.flags & wire.FLAG_ONEWAY or self._closed:
+            return
+        if writer is None or writer.pending_bytes or self._transport is None or self._transport.is_closing():
+            self._respond(request, response)
+            return
+        buffers = self._encoded(request, response)
+        if len(buffers) == 1:
+            self._transport.write(buffers[0])
+            adm.responded(len(buffers[0]))
+        else:
+            self._transport.writelines(buffers)
+            adm.responded(len(buffers[0]) + len(buffers[1]))
+
     def _start(self, frame: wire.Frame) -> bool:
         """Run a request the admission let in; True if it is answered already (fast path)."""
         if frame.code in self._now_codes and not self._unstarted:
@@ -268,18 +306,22 @@ class TcpServerConnection(asyncio.BufferedProtocol):
 
     def _answer_now(self, request: wire.Frame) -> bool:
         response = answer_now(self._handler, self, request)
+        if response is not None and type(response) is not wire.Frame:
+            self._answer_later(request, response)
+            return False
+        self._respond(request, response)
+        return True
+
+    def _answer_later(self, request: wire.Frame, response: Awaitable[wire.Frame | None]) -> None:
+        """What handle_now left to wait for: a late answer, or a task that awaits the rest."""
         listen = getattr(response, "listen", None)
         if listen is not None:  # a late answer (a held pull): written in the turn it is given
             self._late.add(response)
             listen(lambda frame: self._late_answer(request, response, frame))
-            return False
-        if response is not None and type(response) is not wire.Frame:  # the rest must wait
-            task = self._loop.create_task(self._serve_rest(request, response))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            return False
-        self._respond(request, response)
-        return True
+            return
+        task = self._loop.create_task(self._serve_rest(request, response))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _late_answer(self, request: wire.Frame, late: object, response: wire.Frame | None) -> None:
         """A late answer given (contracts.ImmediateServerHandler), usually inside another
@@ -324,16 +366,21 @@ class TcpServerConnection(asyncio.BufferedProtocol):
     def _respond(self, request: wire.Frame, response: wire.Frame | None) -> None:
         if response is None or request.is_oneway or self._closed:
             return
-        response.request_id = request.request_id
-        response.flags |= wire.FLAG_RESPONSE
-        try:
-            buffers = wire.encode(response, self._max_frame)
-        except FrameTooLargeError as e:
-            buffers = wire.encode(request.error_response(e.code, str(e), **plain_details(e.details)))
+        buffers = self._encoded(request, response)
         assert self._writer is not None
         self._admission.responded(self._writer.write(buffers))
         if self._admission.blocked:  # look again once this iteration's writes have left
             self._loop.call_soon(self._admission.retry)
+
+    def _encoded(self, request: wire.Frame, response: wire.Frame) -> list:
+        """The answer to `request` as buffers to write (an error frame if it is over the
+        maximum frame size)."""
+        response.request_id = request.request_id
+        response.flags |= wire.FLAG_RESPONSE
+        try:
+            return wire.encode(response, self._max_frame)
+        except FrameTooLargeError as e:
+            return wire.encode(request.error_response(e.code, str(e), **plain_details(e.details)))
 
     def _on_oversized(self, head: Head, err: FrameTooLargeError) -> None:
         if not head[4] & wire.FLAG_ONEWAY:
