@@ -184,10 +184,10 @@ static void crc_select(void)
 
 /* The Python versions (fallbacks) and the error classes, set by record.py / message.py. */
 enum { FB_SCAN, FB_STAMP_BATCH, FB_INDEX_ENTRIES, FB_VERIFY, FB_DAMAGE, FB_CRC_SPANS, FB_DECODE_BATCH, FB_ENCODE_RECORD,
-       FB_TAG_HASH, FB_PROPS_ENCODE, FB_COUNT };
+       FB_TAG_HASH, FB_PROPS_ENCODE, FB_MSG_IDS, FB_COUNT };
 static const char *const fb_names[FB_COUNT] = {
     "scan", "stamp_batch", "index_entries", "verify", "damage", "crc_spans", "decode_batch", "encode_record",
-    "tag_hash", "props_encode",
+    "tag_hash", "props_encode", "msg_ids",
 };
 static PyObject *fallback[FB_COUNT];
 static PyObject *CorruptRecordError, *InvalidMessageError, *MessageTooLargeError;
@@ -1143,6 +1143,112 @@ fallback:
     return call_fallback(FB_ENCODE_RECORD, args, nargs, kwnames);
 }
 
+/* ------------------------------------------------------------------ send_async answers */
+
+static const char *const msg_ids_kw[] = {"id_prefix", "positions"};
+
+/* msg_ids(id_prefix, positions) -> [id_prefix + 16 upper-case hex digits of each position]: the
+ * ids of a SEND answer's messages (client.message.msg_ids), made once per answered batch. */
+static PyObject *n_msg_ids(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[2];
+    Py_ssize_t n;
+    PyObject *const *items;
+    if (parse_args("msg_ids", args, nargs, kwnames, msg_ids_kw, 2, 2, a) < 0)
+        return NULL;
+    if (!PyUnicode_CheckExact(a[0]) || !PyUnicode_IS_ASCII(a[0]) || !ints_from_sequence(a[1], &n, &items))
+        return call_fallback(FB_MSG_IDS, args, nargs, kwnames);
+    uint64_t *pos = PyMem_Malloc(sizeof(uint64_t) * (size_t)(n ? n : 1));
+    if (pos == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!as_u64(items[i], &pos[i])) { /* a negative or odd position: Python words the error */
+            PyMem_Free(pos);
+            return call_fallback(FB_MSG_IDS, args, nargs, kwnames);
+        }
+    }
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *id = msg_id(a[0], pos[i]);
+        if (id == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, id);
+    }
+    PyMem_Free(pos);
+    return out;
+}
+
+/* BatchSlot(batch, index): a message's place in an automatically batched send (the base of the
+ * producer's SendFuture, whose methods are Python). One per send_async call, so it is made in C:
+ * no Python __init__ frame per message. Read-only: `_batch` (any object) and `_index` (an int). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *batch;
+    Py_ssize_t index;
+} BatchSlotObject;
+
+static PyObject *batch_slot_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *batch, *index;
+    if ((kwds != NULL && PyDict_GET_SIZE(kwds) != 0) || !PyTuple_Check(args) || PyTuple_GET_SIZE(args) != 2) {
+        PyErr_Format(PyExc_TypeError, "%s(batch, index) takes exactly two positional arguments", type->tp_name);
+        return NULL;
+    }
+    batch = PyTuple_GET_ITEM(args, 0);
+    index = PyTuple_GET_ITEM(args, 1);
+    Py_ssize_t i = PyNumber_AsSsize_t(index, PyExc_OverflowError);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    BatchSlotObject *o = (BatchSlotObject *)type->tp_alloc(type, 0);
+    if (o == NULL)
+        return NULL;
+    o->batch = Py_NewRef(batch);
+    o->index = i;
+    return (PyObject *)o;
+}
+
+static int batch_slot_traverse(BatchSlotObject *o, visitproc visit, void *arg)
+{
+    Py_VISIT(o->batch);
+    if (Py_TYPE(o)->tp_flags & Py_TPFLAGS_HEAPTYPE)
+        Py_VISIT(Py_TYPE(o)); /* an instance of a heap subclass (SendFuture) owns a reference to it */
+    return 0;
+}
+
+static int batch_slot_clear(BatchSlotObject *o)
+{
+    Py_CLEAR(o->batch);
+    return 0;
+}
+
+static void batch_slot_dealloc(BatchSlotObject *o)
+{
+    PyTypeObject *tp = Py_TYPE(o);
+    PyObject_GC_UnTrack(o);
+    batch_slot_clear(o);
+    tp->tp_free((PyObject *)o);
+}
+
+static PyMemberDef batch_slot_members[] = {
+    {"_batch", T_OBJECT_EX, offsetof(BatchSlotObject, batch), READONLY, "the batch the message is in"},
+    {"_index", T_PYSSIZET, offsetof(BatchSlotObject, index), READONLY, "the message's index in its batch"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject BatchSlotType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "equeue_core._native.BatchSlot",
+    .tp_basicsize = sizeof(BatchSlotObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "BatchSlot(batch, index): a message's place in a batch (base of the producer's SendFuture).",
+    .tp_new = batch_slot_new,
+    .tp_traverse = (traverseproc)batch_slot_traverse,
+    .tp_clear = (inquiry)batch_slot_clear,
+    .tp_dealloc = (destructor)batch_slot_dealloc,
+    .tp_members = batch_slot_members,
+};
+
 /* ------------------------------------------------------------------ binding */
 
 static PyObject *n_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -1227,6 +1333,8 @@ static PyMethodDef methods[] = {
      "client.message.decode_batch, in C."},
     {"encode_record", (PyCFunction)(void (*)(void))n_encode_record, METH_FASTCALL | METH_KEYWORDS,
      "record.encode_record, in C."},
+    {"msg_ids", (PyCFunction)(void (*)(void))n_msg_ids, METH_FASTCALL | METH_KEYWORDS,
+     "client.message.msg_ids, in C."},
     {"crc32c", n_crc32c, METH_O, "crc32c(data) -> int, with the fastest code this CPU runs."},
     {"crc32c_table", n_crc32c_table, METH_O, "crc32c(data) -> int with the slicing-by-8 tables (for tests)."},
     {"crc32c_sse42", n_crc32c_sse42, METH_O,
@@ -1262,5 +1370,14 @@ PyMODINIT_FUNC PyInit__native(void)
     tag_hashes = PyDict_New();
     if (!str_retry_topic || !str_key_sep || !empty_tuple || !tag_hashes)
         return NULL;
-    return PyModule_Create(&module);
+    if (PyType_Ready(&BatchSlotType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "BatchSlot", (PyObject *)&BatchSlotType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

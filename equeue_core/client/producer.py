@@ -23,7 +23,7 @@ from equeue_core.client.credentials import credentials
 from equeue_core.client.direct import DirectConnection
 from equeue_core.client.fault import LatencyFaultTolerance
 from equeue_core.client.loop import background_loop, run_sync
-from equeue_core.client.message import Message, SendResult, append_record, append_records
+from equeue_core.client.message import Message, SendResult, append_record, append_records, msg_ids
 from equeue_core.client.routing import DEFAULT_ROUTE_REFRESH_S, BrokerQueue, ClusterRouter, writable_queues
 from equeue_core.codes import Code
 from equeue_core.errors import (
@@ -76,30 +76,44 @@ class _BatchAnswer:
     first_offset: int
     positions: list[int]
     broker: str = ""
+    ids: list[str] | None = None  # every message's msg id, made (in one call) when a first is asked for
 
     def result(self, i: int) -> SendResult:
-        return SendResult(f"{self.id_prefix}{self.positions[i]:016X}", self.topic, self.queue_id,
-                          self.first_offset + i, self.broker)
+        ids = self.ids
+        if ids is None:  # two threads may both make them: the same strings
+            ids = self.ids = msg_ids(self.id_prefix, self.positions)
+        return SendResult(ids[i], self.topic, self.queue_id, self.first_offset + i, self.broker)
 
     def results(self) -> list[SendResult]:
-        prefix, topic, queue_id, first, broker = (self.id_prefix, self.topic, self.queue_id,
-                                                  self.first_offset, self.broker)
-        return [SendResult(f"{prefix}{p:016X}", topic, queue_id, first + i, broker)
-                for i, p in enumerate(self.positions)]
+        topic, queue_id, first, broker = self.topic, self.queue_id, self.first_offset, self.broker
+        return [SendResult(msg_id, topic, queue_id, first + i, broker)
+                for i, msg_id in enumerate(msg_ids(self.id_prefix, self.positions))]
 
 
-class SendFuture:
-    """The future of one automatically batched message. Messages of a batch share one
-    underlying future, so batching does not cost a future (or a result object) per message
-    until someone asks for it. Offers result(), exception(), done(), add_done_callback() like
-    concurrent.futures.Future, and can be awaited from asyncio code. A result asked for once the
-    batch is answered comes from the batch's answer directly (no lock, no wait)."""
+class _PyBatchSlot:
+    """A message's place in a batch: what the compiled record hot path's BatchSlot is, in Python
+    (EQUEUE_PURE_PYTHON=1 or no C compiler)."""
 
     __slots__ = ("_batch", "_index")
 
     def __init__(self, batch: _OpenBatch, index: int) -> None:
         self._batch = batch
         self._index = index
+
+
+# One of these per send_async call: made in C when the hot path is built (no __init__ frame)
+_BatchSlot: Any = record.native.BatchSlot if record.native is not None else _PyBatchSlot
+
+
+class SendFuture(_BatchSlot):
+    """The future of one automatically batched message: SendFuture(batch, index). Messages of a
+    batch share one underlying future, so batching does not cost a future (or a result object)
+    per message until someone asks for it. Offers result(), exception(), done(),
+    add_done_callback() like concurrent.futures.Future, and can be awaited from asyncio code. A
+    result asked for once the batch is answered comes from the batch's answer directly (no lock,
+    no wait)."""
+
+    __slots__ = ()
 
     def result(self, timeout: float | None = None) -> SendResult:
         answer = self._batch.answer
@@ -219,12 +233,16 @@ class AsyncProducer:
         queues message by message, as docs/cluster.md promises)."""
         if self._closed:
             raise ClientClosedError("the producer is closed")
-        pinned = routing_key is not None
-        queue = self._select(route, routing_key) if pinned or self._router is not None else None
-        # the broker stamps the queue id into every record it stores, so 0 is fine until then
         parts: list[bytes] = []
-        size = append_record(parts, message, 0 if queue is None else queue if isinstance(queue, int) else queue.queue_id,
-                             time.time_ns() // 1_000_000)
+        if routing_key is None and self._router is None:  # the usual call: the batch picks the queue
+            queue = None
+            pinned = False
+            # the broker stamps the queue id into every record it stores, so 0 is fine until then
+            size = append_record(parts, message, 0)
+        else:
+            pinned = routing_key is not None
+            queue = self._select(route, routing_key)
+            size = append_record(parts, message, queue if isinstance(queue, int) else queue.queue_id)
         key = (message.topic, queue, pinned)
         with self._lock:  # the lock of self._room (its own __enter__ is a Python-level call)
             while self._pending >= self.max_in_flight:
