@@ -3,6 +3,8 @@ how long a batch waits for an earlier batch of its queue to be answered."""
 
 from __future__ import annotations
 
+import pytest
+
 from equeue_core.client import Message, Producer
 
 
@@ -68,3 +70,67 @@ def test_a_batch_waiting_behind_an_unanswered_one_still_leaves_after_the_linger(
             assert second.result(30).queue_offset == first.result(30).queue_offset + 1
     finally:
         b.stop()
+
+
+def test_send_async_blocks_at_max_in_flight_and_says_the_broker_is_busy_when_no_answer_frees_room(tmp_path):
+    """Bounded memory: with the broker frozen, at most max_in_flight messages wait for answers; the
+    next send_async waits up to send_timeout for room, then raises BrokerBusyError. Once the
+    broker runs again every accepted message is acknowledged."""
+    import os
+    import signal
+
+    from equeue_core.errors import BrokerBusyError
+    from tests.helpers.broker import BrokerProcess
+
+    b = BrokerProcess(tmp_path / "data").start()
+    try:
+        # retries=2: an unanswered batch holds its room for 3 tries of send_timeout, well past the
+        # one send_timeout the blocked caller waits
+        with Producer(b.address, max_in_flight=40, send_timeout=1.0, retries=2) as p:
+            p.send(Message("busy", b"warm-up"))
+            os.kill(b.proc.pid, signal.SIGSTOP)
+            try:
+                accepted = [p.send_async(Message("busy", b"m")) for _ in range(40)]
+                assert p._async._pending == 40
+                with pytest.raises(BrokerBusyError):
+                    p.send_async(Message("busy", b"one too many"))
+                assert p._async._pending == 40
+            finally:
+                os.kill(b.proc.pid, signal.SIGCONT)
+            outcomes = []
+            for f in accepted:  # answered, or timed out while the broker was frozen (at least once)
+                outcomes.append(f.exception(30))
+            assert all(e is None or e.code == "timeout" for e in outcomes), outcomes
+        assert p._async._pending == 0
+    finally:
+        b.stop()
+
+
+def test_callers_waiting_for_room_are_woken_by_each_answer_not_by_the_timeout(file_broker):
+    """max_in_flight far below the burst, from two threads: every send_async gets room as answers
+    free it (a missed wake-up would leave a caller waiting out send_timeout, then BrokerBusyError)."""
+    import threading
+
+    errors: list[BaseException] = []
+    results: list[list] = [[], []]
+    with Producer(file_broker.address, max_in_flight=30, send_timeout=20.0) as p:
+        p.send(Message("room", b"warm-up"))
+
+        def burst(n: int) -> None:
+            try:
+                futures = [p.send_async(Message("room", f"{n}-{i}".encode()), routing_key=str(n))
+                           for i in range(3000)]
+                results[n] = [f.result(60) for f in futures]
+            except BaseException as e:  # noqa: BLE001 -- reported by the assertion below
+                errors.append(e)
+
+        threads = [threading.Thread(target=burst, args=(n,)) for n in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads)
+        assert p._async._pending == 0
+    assert errors == []
+    for rs in results:  # per key (one queue each) in the order sent
+        assert len(rs) == 3000 and [r.queue_offset for r in rs] == sorted(r.queue_offset for r in rs)

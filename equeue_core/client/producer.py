@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -168,17 +169,30 @@ class AsyncProducer:
         self._routes: dict[str, _Route] = {}
         self._conn: BrokerConnection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The lock guards _open (the callers add to it, the loop thread takes batches out of it)
+        # and _enqueued. The loop thread takes it once per answered batch (and per linger check),
+        # not per message: whatever only the loop thread writes (_in_flight, _linger_armed,
+        # _released) it writes without it, so a caller preempted while holding the lock stalls
+        # the loop thread as seldom as possible.
         self._lock = threading.Lock()
-        self._room = threading.Condition(self._lock)  # guards _open and _pending
+        self._room = threading.Condition(self._lock)  # callers waiting for room under max_in_flight
         self._open: dict[tuple[str, Any, bool], _OpenBatch] = {}
-        # batches sent and not yet answered, per batch key (guarded by _lock): a new batch leaves
-        # at once while its key has none in flight, else when the last one is answered
+        # batches sent and not yet answered, per batch key (the loop thread writes it; callers read
+        # it under _lock): a new batch leaves at once while its key has none in flight, else when
+        # the last one is answered (_answered deletes a key under _lock)
         self._in_flight: dict[tuple[str, Any, bool], int] = {}
-        self._linger_armed: set[tuple[str, Any, bool]] = set()  # keys with a _linger_check pending
+        self._linger_armed: set[tuple[str, Any, bool]] = set()  # keys with a _linger_check pending (loop thread)
         self.max_in_flight = max_in_flight
-        self._pending = 0
+        self._enqueued = 0  # messages ever queued (callers, under _lock)
+        self._released = 0  # of those, answered or failed (the loop thread only)
+        self._room_waiters = 0  # callers waiting in _room (under _lock)
         self._tasks: set[asyncio.Future] = set()
         self._closed = False
+
+    @property
+    def _pending(self) -> int:
+        """Messages queued and not yet answered or failed (read without the lock: a moment stale)."""
+        return self._enqueued - self._released
 
     async def start(self) -> AsyncProducer:
         self._loop = asyncio.get_running_loop()
@@ -245,10 +259,9 @@ class AsyncProducer:
             size = append_record(parts, message, queue if isinstance(queue, int) else queue.queue_id)
         key = (message.topic, queue, pinned)
         with self._lock:  # the lock of self._room (its own __enter__ is a Python-level call)
-            while self._pending >= self.max_in_flight:
-                if not self._room.wait(self.send_timeout):
-                    raise BrokerBusyError(f"{self._pending} messages waiting to be sent; the broker is not keeping up")
-            self._pending += 1
+            if self._enqueued - self._released >= self.max_in_flight:
+                self._wait_for_room()
+            self._enqueued += 1
             batch = self._open.get(key)
             new = batch is None
             if new:
@@ -272,19 +285,30 @@ class AsyncProducer:
         # thread from here (each one costs both threads a switch)
         return SendFuture(batch, index)
 
+    def _wait_for_room(self) -> None:
+        """With _lock held: wait until fewer than max_in_flight messages are unanswered. The count
+        is checked again after registering as a waiter, so a release in between (which notifies
+        only while someone waits, see _release) is never missed."""
+        self._room_waiters += 1
+        try:
+            while self._enqueued - self._released >= self.max_in_flight:
+                if not self._room.wait(self.send_timeout):
+                    raise BrokerBusyError(f"{self._pending} messages waiting to be sent; the broker is not keeping up")
+        finally:
+            self._room_waiters -= 1
+
     def _linger_check(self, key: tuple[str, Any, bool]) -> None:
         """Every `linger` while batches of `key` are in flight (armed by _dispatch): the batch that
         opened meanwhile leaves now, so none waits longer than `linger` for an answer."""
+        self._linger_armed.discard(key)
+        if key not in self._in_flight:
+            return  # _answered sent whatever had gathered
         with self._lock:
-            self._linger_armed.discard(key)
-            if key not in self._in_flight:
-                return  # _answered sent whatever had gathered
             waiting = self._open.pop(key, None)
-            if waiting is None:
-                self._linger_armed.add(key)
         if waiting is not None:
             self._dispatch(key, waiting)
         else:
+            self._linger_armed.add(key)
             assert self._loop is not None
             self._loop.call_later(self.linger, self._linger_check, key)
 
@@ -296,27 +320,25 @@ class AsyncProducer:
         self._dispatch(key, batch)
 
     def _dispatch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
-        with self._lock:
-            self._in_flight[key] = self._in_flight.get(key, 0) + 1
-            arm = key not in self._linger_armed
-            if arm:
-                self._linger_armed.add(key)
-        if arm:
+        """On the loop thread: send a batch taken out of _open."""
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        if key not in self._linger_armed:
+            self._linger_armed.add(key)
             assert self._loop is not None
             self._loop.call_later(self.linger, self._linger_check, key)
         task = asyncio.ensure_future(self._send_open_batch(key, batch))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(lambda _t: self._answered(key))
+        task.add_done_callback(functools.partial(self._answered, key))
 
-    def _answered(self, key: tuple[str, Any, bool]) -> None:
+    def _answered(self, key: tuple[str, Any, bool], task: asyncio.Future) -> None:
         """A batch of `key` was answered (or failed): with none of that key left in flight, the
         batch that gathered meanwhile leaves now instead of waiting out its linger."""
-        with self._lock:
-            left = self._in_flight[key] - 1
-            if left:
-                self._in_flight[key] = left
-                return
+        self._tasks.discard(task)
+        left = self._in_flight[key] - 1
+        if left:
+            self._in_flight[key] = left
+            return
+        with self._lock:  # atomic with a caller's look at _in_flight and its new batch in _open
             del self._in_flight[key]
             waiting = self._open.pop(key, None)
         if waiting is not None:
@@ -339,9 +361,12 @@ class AsyncProducer:
         batch.future.set_result(answer)
 
     def _release(self, n: int) -> None:
-        with self._room:
-            self._pending -= n
-            self._room.notify_all()
+        """On the loop thread: n messages were answered or failed. Wakes callers waiting for
+        room (they registered under the lock before checking the count: see _wait_for_room)."""
+        self._released += n
+        if self._room_waiters:
+            with self._room:
+                self._room.notify_all()
 
     async def _send_frame(self, topic: str, queue_id: Any, body: bytes, extra: dict[str, Any],
                           pinned: bool = False) -> _BatchAnswer:
