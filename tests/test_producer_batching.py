@@ -134,3 +134,50 @@ def test_callers_waiting_for_room_are_woken_by_each_answer_not_by_the_timeout(fi
     assert errors == []
     for rs in results:  # per key (one queue each) in the order sent
         assert len(rs) == 3000 and [r.queue_offset for r in rs] == sorted(r.queue_offset for r in rs)
+
+
+def _sends_served(address: str) -> int:
+    from equeue_core.client import AdminClient
+
+    with AdminClient(address) as admin:
+        return sum(admin.stats()["latency"]["send"]["counts"])
+
+
+def test_round_robin_over_many_topics_fills_frames_instead_of_a_frame_per_topic_per_round_trip(tmp_path):
+    """send_async over 20 topics while the broker cannot answer: at most max_batches_in_flight
+    frames go out; the other topics' messages gather in their open batches and leave, one frame
+    per topic, as answers free room. Without that limit every topic had a frame in flight and
+    each linger check sent another small one per topic (the 100-topic produce ran at a quarter
+    of the one-topic rate). Every message is stored, in order per topic."""
+    import os
+    import signal
+
+    from tests.helpers.broker import BrokerProcess
+    from tests.helpers.waiting import wait_until
+
+    topics = [f"rr{i}" for i in range(20)]
+    b = BrokerProcess(tmp_path / "data").start()
+    try:
+        with Producer(b.address, max_batches_in_flight=4) as p:
+            for t in topics:
+                p.send(Message(t, b"warm-up"))
+            before = _sends_served(b.address)
+            os.kill(b.proc.pid, signal.SIGSTOP)
+            try:
+                futures = [p.send_async(Message(topics[i % 20], f"{i}".encode())) for i in range(2000)]
+                # the linger checks of the frozen frames' topics come and go meanwhile
+                assert wait_until(lambda: len(p._async._deferred) >= 16, timeout=10)
+                assert p._async._frames == 4
+            finally:
+                os.kill(b.proc.pid, signal.SIGCONT)
+            results = [f.result(30) for f in futures]
+        served = _sends_served(b.address) - before
+    finally:
+        b.stop()
+    assert served <= 4 + 20 + 4, served  # the frozen 4, one per topic, the frozen topics' next
+    for t in topics:
+        mine = [r for r in results if r.topic == t]
+        assert len(mine) == 100
+        for q in {r.queue_id for r in mine}:  # per queue, in the order sent
+            offsets = [r.queue_offset for r in mine if r.queue_id == q]
+            assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)

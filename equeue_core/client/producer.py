@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from equeue_core import record
@@ -57,14 +57,57 @@ class _Route:
     fetched: float
 
 
-@dataclass(slots=True)
+_FUTURE_LOCK = threading.Lock()  # a batch's future made on demand, atomically with its outcome
+
+
 class _OpenBatch:
-    queue: Any = None  # the queue id (a BrokerQueue with nameserver=) the whole batch goes to
-    parts: list[bytes] = field(default_factory=list)  # the records' buffers (message.append_records)
-    size: int = 0
-    count: int = 0  # messages in the batch
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    answer: _BatchAnswer | None = None  # set just before future's result: read without its lock
+    """The send_async messages of one frame, and its outcome. The concurrent.futures.Future
+    their SendFutures wait on is made only when someone waits (result() before the answer,
+    add_done_callback, await): a batch answered before anyone asks costs no Future (with its
+    Condition and lock), which with many topics and small frames was a fifth of the caller's CPU."""
+
+    __slots__ = ("queue", "parts", "size", "count", "answer", "error", "done", "_future")
+
+    def __init__(self, queue: Any = None) -> None:
+        self.queue = queue  # the queue id (a BrokerQueue with nameserver=) the whole batch goes to
+        self.parts: list[bytes] = []  # the records' buffers (message.append_record)
+        self.size = 0
+        self.count = 0  # messages in the batch
+        # The outcome, set once by resolve() (answer and error before done, so a reader that sees
+        # done without the lock sees them too)
+        self.answer: _BatchAnswer | None = None
+        self.error: BaseException | None = None
+        self.done = False
+        self._future: concurrent.futures.Future | None = None
+
+    def future(self) -> concurrent.futures.Future:
+        """The future of the outcome (made now if nobody asked before; already set if done)."""
+        f = self._future
+        if f is None:
+            with _FUTURE_LOCK:
+                f = self._future
+                if f is None:
+                    f = concurrent.futures.Future()
+                    if self.done:
+                        self._settle(f)
+                    self._future = f
+        return f
+
+    def _settle(self, f: concurrent.futures.Future) -> None:
+        if self.error is not None:
+            f.set_exception(self.error)
+        else:
+            f.set_result(self.answer)
+
+    def resolve(self, answer: _BatchAnswer | None, error: BaseException | None) -> None:
+        """The outcome (once, on the loop thread): an answer, or the error every message fails with."""
+        with _FUTURE_LOCK:
+            self.answer = answer
+            self.error = error
+            self.done = True
+            f = self._future
+        if f is not None:
+            self._settle(f)
 
 
 @dataclass(slots=True)
@@ -117,22 +160,27 @@ class SendFuture(_BatchSlot):
     __slots__ = ()
 
     def result(self, timeout: float | None = None) -> SendResult:
-        answer = self._batch.answer
+        batch = self._batch
+        answer = batch.answer
         if answer is None:
-            answer = self._batch.future.result(timeout)
+            answer = batch.future().result(timeout)
         return answer.result(self._index)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        return self._batch.future.exception(timeout)
+        batch = self._batch
+        if batch.done:
+            return batch.error
+        return batch.future().exception(timeout)
 
     def done(self) -> bool:
-        return self._batch.future.done()
+        return self._batch.done
 
     def add_done_callback(self, fn: Any) -> None:
-        self._batch.future.add_done_callback(lambda _f: fn(self))
+        """fn(this future) once the message is answered or failed (at once if it is already)."""
+        self._batch.future().add_done_callback(lambda _f: fn(self))
 
     def __await__(self):
-        answer = yield from asyncio.wrap_future(self._batch.future).__await__()
+        answer = yield from asyncio.wrap_future(self._batch.future()).__await__()
         return answer.result(self._index)
 
 
@@ -148,7 +196,10 @@ class AsyncProducer:
                  secret_key: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None,
                  curve_server_key: str | None = None, curve_public_key: str | None = None,
-                 curve_secret_key: str | None = None) -> None:
+                 curve_secret_key: str | None = None, max_batches_in_flight: int = 8) -> None:
+        """`max_batches_in_flight`: with one broker, the send_async frames sent and not yet
+        answered at most (a batch is a frame); while that many are out, batches that are ready
+        wait for the next answer and keep gathering messages (see _send_open)."""
         self.broker = broker
         self.nameserver = nameserver
         self._credentials = credentials(access_key=access_key, secret_key=secret_key, tls_ca=tls_ca,
@@ -186,6 +237,11 @@ class AsyncProducer:
         self._enqueued = 0  # messages ever queued (callers, under _lock)
         self._released = 0  # of those, answered or failed (the loop thread only)
         self._room_waiters = 0  # callers waiting in _room (under _lock)
+        # One broker: at most max_batches_in_flight frames out (the loop thread counts them); keys
+        # whose open batch is ready to go wait in _deferred, in order, for the next answer
+        self.max_batches_in_flight = max(1, max_batches_in_flight)
+        self._frames = 0
+        self._deferred: dict[tuple[str, Any, bool], None] = {}
         self._tasks: set[asyncio.Future] = set()
         self._closed = False
 
@@ -303,6 +359,9 @@ class AsyncProducer:
         self._linger_armed.discard(key)
         if key not in self._in_flight:
             return  # _answered sent whatever had gathered
+        if not self._frame_room():
+            self._deferred[key] = None  # leaves with the next answer (_dispatch arms the next check)
+            return
         with self._lock:
             waiting = self._open.pop(key, None)
         if waiting is not None:
@@ -313,14 +372,46 @@ class AsyncProducer:
             self._loop.call_later(self.linger, self._linger_check, key)
 
     def _linger_expired(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
+        """A new batch of a key with nothing in flight (or one asked not to linger): it leaves at
+        once, or with the next answer while max_batches_in_flight frames are out."""
+        if self._open.get(key) is batch:
+            self._send_open(key)
+
+    def _frame_room(self) -> bool:
+        return self._router is not None or self._frames < self.max_batches_in_flight
+
+    def _send_open(self, key: tuple[str, Any, bool]) -> None:
+        """On the loop thread: the open batch of `key` leaves now; or, while max_batches_in_flight
+        frames are unanswered, with the next answer (_drain_deferred), having gathered whatever
+        came meanwhile. Why: with many topics (or routing keys) each key's batch is small, and
+        a frame per key per round trip costs both ends far more than the bytes; frames waiting
+        here become fewer and fuller, where the broker would have queued them anyway."""
+        if not self._frame_room():
+            self._deferred[key] = None
+            return
         with self._lock:
-            if self._open.get(key) is not batch:
-                return
-            del self._open[key]
-        self._dispatch(key, batch)
+            batch = self._open.pop(key, None)
+        if batch is not None:
+            self._dispatch(key, batch)
+
+    def _take_deferred(self) -> list[tuple[tuple[str, Any, bool], _OpenBatch]]:
+        """With _lock held, on the loop thread: the open batches of the waiting keys, oldest
+        first, as many as there is room for (the caller dispatches them)."""
+        deferred = self._deferred
+        room = self.max_batches_in_flight - self._frames if self._router is None else len(deferred)
+        ready = []
+        while deferred and len(ready) < room:
+            key = next(iter(deferred))
+            del deferred[key]
+            batch = self._open.pop(key, None)
+            if batch is not None:
+                ready.append((key, batch))
+        return ready
 
     def _dispatch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
         """On the loop thread: send a batch taken out of _open."""
+        if self._router is None:
+            self._frames += 1
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
         if key not in self._linger_armed:
             self._linger_armed.add(key)
@@ -334,15 +425,23 @@ class AsyncProducer:
         """A batch of `key` was answered (or failed): with none of that key left in flight, the
         batch that gathered meanwhile leaves now instead of waiting out its linger."""
         self._tasks.discard(task)
+        if self._router is None:
+            self._frames -= 1
         left = self._in_flight[key] - 1
         if left:
             self._in_flight[key] = left
-            return
-        with self._lock:  # atomic with a caller's look at _in_flight and its new batch in _open
-            del self._in_flight[key]
-            waiting = self._open.pop(key, None)
-        if waiting is not None:
-            self._dispatch(key, waiting)
+            if not self._deferred:
+                return
+        # one turn of the lock for both: the key's own next batch (atomic with a caller's look at
+        # _in_flight and its new batch in _open) and the batches waiting for room
+        with self._lock:
+            if not left:
+                del self._in_flight[key]
+                if key in self._open:
+                    self._deferred[key] = None  # after the keys already waiting for room
+            ready = self._take_deferred() if self._deferred else ()
+        for k, batch in ready:
+            self._dispatch(k, batch)
 
     async def _send_open_batch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
         topic, _, pinned = key
@@ -352,13 +451,12 @@ class AsyncProducer:
             answer = await self._send_frame(topic, batch.queue, body, {}, pinned)
         except BaseException as e:
             self._release(batch.count)
-            batch.future.set_exception(e)
+            batch.resolve(None, e)
             if isinstance(e, asyncio.CancelledError):
                 raise
             return
         self._release(batch.count)
-        batch.answer = answer
-        batch.future.set_result(answer)
+        batch.resolve(answer, None)
 
     def _release(self, n: int) -> None:
         """On the loop thread: n messages were answered or failed. Wakes callers waiting for
