@@ -223,8 +223,11 @@ class AsyncProducer:
         # The lock guards _open (the callers add to it, the loop thread takes batches out of it)
         # and _enqueued. The loop thread takes it once per answered batch (and per linger check),
         # not per message: whatever only the loop thread writes (_in_flight, _linger_armed,
-        # _released) it writes without it, so a caller preempted while holding the lock stalls
-        # the loop thread as seldom as possible.
+        # _released) it writes without it. And the usual paths of its critical sections make no
+        # call (dict and attribute operations only): CPython hands the GIL to another thread only
+        # at a call or a backward jump, so a thread holding the lock is not switched out, and the
+        # other thread never sleeps on the lock only to wake the holder (a caller paid ~10 % of
+        # its CPU in those wake-ups).
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # callers waiting for room under max_in_flight
         self._open: dict[tuple[str, Any, bool], _OpenBatch] = {}
@@ -314,22 +317,27 @@ class AsyncProducer:
             queue = self._select(route, routing_key)
             size = append_record(parts, message, queue if isinstance(queue, int) else queue.queue_id)
         key = (message.topic, queue, pinned)
+        open_ = self._open
+        # No call in the usual path of this critical section (see _lock in __init__)
         with self._lock:  # the lock of self._room (its own __enter__ is a Python-level call)
             if self._enqueued - self._released >= self.max_in_flight:
                 self._wait_for_room()
-            self._enqueued += 1
-            batch = self._open.get(key)
-            new = batch is None
-            if new:
+            if key in open_:
+                batch = open_[key]
+                new = False
+            else:
+                new = True
                 idle = key not in self._in_flight
-                batch = self._open[key] = _OpenBatch(self._select(route, None) if queue is None else queue)
+                batch = open_[key] = _OpenBatch(self._select(route, None) if queue is None else queue)
+            self._enqueued += 1
             index = batch.count
             batch.count = index + 1
             batch.parts += parts
-            batch.size += size
-            full = batch.size >= self.max_batch_bytes
+            size += batch.size
+            batch.size = size
+            full = size >= self.max_batch_bytes
             if full:
-                del self._open[key]
+                del open_[key]
         loop = self._loop
         assert loop is not None
         if full:
@@ -362,8 +370,11 @@ class AsyncProducer:
         if not self._frame_room():
             self._deferred[key] = None  # leaves with the next answer (_dispatch arms the next check)
             return
+        open_ = self._open
         with self._lock:
-            waiting = self._open.pop(key, None)
+            waiting = open_[key] if key in open_ else None
+            if waiting is not None:
+                del open_[key]
         if waiting is not None:
             self._dispatch(key, waiting)
         else:
@@ -389,8 +400,11 @@ class AsyncProducer:
         if not self._frame_room():
             self._deferred[key] = None
             return
+        open_ = self._open
         with self._lock:
-            batch = self._open.pop(key, None)
+            batch = open_[key] if key in open_ else None
+            if batch is not None:
+                del open_[key]
         if batch is not None:
             self._dispatch(key, batch)
 
@@ -428,20 +442,32 @@ class AsyncProducer:
         if self._router is None:
             self._frames -= 1
         left = self._in_flight[key] - 1
+        deferred = self._deferred
         if left:
             self._in_flight[key] = left
-            if not self._deferred:
+            if not deferred:
                 return
         # one turn of the lock for both: the key's own next batch (atomic with a caller's look at
         # _in_flight and its new batch in _open) and the batches waiting for room
+        open_ = self._open
+        room = self._router is not None or self._frames < self.max_batches_in_flight
+        batch = None
+        ready: Any = ()
         with self._lock:
             if not left:
                 del self._in_flight[key]
-                if key in self._open:
-                    self._deferred[key] = None  # after the keys already waiting for room
-            ready = self._take_deferred() if self._deferred else ()
-        for k, batch in ready:
-            self._dispatch(k, batch)
+                if key in open_:
+                    if room and not deferred:  # the usual case, without a call under the lock
+                        batch = open_[key]
+                        del open_[key]
+                    else:
+                        deferred[key] = None  # after the keys already waiting for room
+            if deferred and room:
+                ready = self._take_deferred()
+        if batch is not None:
+            self._dispatch(key, batch)
+        for k, b in ready:
+            self._dispatch(k, b)
 
     async def _send_open_batch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
         topic, _, pinned = key
