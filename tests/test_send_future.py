@@ -8,6 +8,7 @@ collected by the garbage collector."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gc
 import threading
 import weakref
@@ -115,3 +116,34 @@ def test_a_reference_cycle_through_a_send_future_is_collected(base):
 
 def test_send_future_is_made_on_the_compiled_base_when_the_hot_path_is_built():
     assert issubclass(SendFuture, record.native.BatchSlot if record.native is not None else _PyBatchSlot)
+
+
+@pytest.mark.parametrize("base", BASES, ids=lambda b: b.__module__)
+def test_result_of_an_answered_batch_is_the_same_send_result_from_both_bases(base):
+    """The compiled BatchSlot.result builds the SendResult itself once the batch is answered; it
+    must equal the Python version's, field for field, for every message of the batch, and hand
+    waiting, errors and odd arguments to the Python version."""
+    from equeue_core.client.message import SendResult
+    from equeue_core.client.producer import _BatchAnswer, _OpenBatch, _python_result
+    from equeue_core.errors import InvalidMessageError
+
+    class Slot(base):
+        __slots__ = ()
+
+    batch = _OpenBatch(2)
+    batch.resolve(_BatchAnswer("topic", 2, "AB", 40, [100, 200, 300], "broker-a"), None)
+    got = [Slot(batch, i).result() for i in range(3)] + [Slot(batch, 1).result(timeout=1)]
+    want = [_python_result(Slot(batch, i)) for i in (0, 1, 2, 1)]
+    assert got == want
+    assert got[1] == SendResult("AB" + "%016X" % 200, "topic", 2, 41, "broker-a")
+    assert all(type(r) is SendResult for r in got)
+    for args, kwargs in (((1, 2), {}), ((), {"other": 1}), ((1,), {"timeout": 1})):
+        with pytest.raises(TypeError):
+            Slot(batch, 0).result(*args, **kwargs)
+    failed = _OpenBatch(0)
+    failed.resolve(None, InvalidMessageError("refused"))
+    with pytest.raises(InvalidMessageError, match="refused"):
+        Slot(failed, 0).result()
+    pending = _OpenBatch(0)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        Slot(pending, 0).result(timeout=0.01)

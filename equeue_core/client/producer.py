@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from equeue_core import record
@@ -134,6 +134,17 @@ class _BatchAnswer:
                 for i, msg_id in enumerate(msg_ids(self.id_prefix, self.positions))]
 
 
+def _python_result(future: Any, timeout: float | None = None) -> SendResult:
+    """SendFuture.result: the message's SendResult, once its batch is answered (waiting up to
+    `timeout` s for that), or the send's error. The compiled BatchSlot.result answers itself when
+    the batch is answered and its msg ids are made, and calls this for everything else."""
+    batch = future._batch
+    answer = batch.answer
+    if answer is None:
+        answer = batch.future().result(timeout)
+    return answer.result(future._index)
+
+
 class _PyBatchSlot:
     """A message's place in a batch: what the compiled record hot path's BatchSlot is, in Python
     (EQUEUE_PURE_PYTHON=1 or no C compiler)."""
@@ -144,9 +155,14 @@ class _PyBatchSlot:
         self._batch = batch
         self._index = index
 
+    result = _python_result
 
-# One of these per send_async call: made in C when the hot path is built (no __init__ frame)
+
+# One of these per send_async call: made in C when the hot path is built (no __init__ frame), whose
+# result() builds the SendResult in C once the batch is answered
 _BatchSlot: Any = record.native.BatchSlot if record.native is not None else _PyBatchSlot
+if record.native_module is not None:
+    record.native_module._bind_send_future(_python_result, SendResult, tuple(f.name for f in fields(SendResult)))
 
 
 class SendFuture(_BatchSlot):
@@ -159,12 +175,7 @@ class SendFuture(_BatchSlot):
 
     __slots__ = ()
 
-    def result(self, timeout: float | None = None) -> SendResult:
-        batch = self._batch
-        answer = batch.answer
-        if answer is None:
-            answer = batch.future().result(timeout)
-        return answer.result(self._index)
+    # result(timeout=None) -> SendResult: the base's (_python_result; in C when built)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         batch = self._batch
