@@ -135,7 +135,7 @@ def test_result_of_an_answered_batch_is_the_same_send_result_from_both_bases(bas
     got = [Slot(batch, i).result() for i in range(3)] + [Slot(batch, 1).result(timeout=1)]
     want = [_python_result(Slot(batch, i)) for i in (0, 1, 2, 1)]
     assert got == want
-    assert got[1] == SendResult("AB" + "%016X" % 200, "topic", 2, 41, "broker-a")
+    assert got[1] == SendResult("AB00000000000000C8", "topic", 2, 41, "broker-a")
     assert all(type(r) is SendResult for r in got)
     for args, kwargs in (((1, 2), {}), ((), {"other": 1}), ((1,), {"timeout": 1})):
         with pytest.raises(TypeError):
