@@ -2,8 +2,9 @@
 
 A batch body is the stored record layout already (record.py), so the broker stamps and appends it
 without re-encoding. `send` waits for its own result; `send_async` returns a future and lets
-messages sent within `linger_ms` of each other (or up to `max_batch_bytes`) share one frame;
-`send_batch` sends a list as one frame per topic.
+messages sent within `linger_ms` of each other (or up to `max_batch_bytes`) share one frame, at
+most `max_batches_in_flight` frames unanswered with one broker (docs/client.md); `send_batch`
+sends a list as one frame per topic.
 """
 
 from __future__ import annotations
