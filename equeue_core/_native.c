@@ -184,10 +184,10 @@ static void crc_select(void)
 
 /* The Python versions (fallbacks) and the error classes, set by record.py / message.py. */
 enum { FB_SCAN, FB_STAMP_BATCH, FB_INDEX_ENTRIES, FB_VERIFY, FB_DAMAGE, FB_CRC_SPANS, FB_DECODE_BATCH, FB_ENCODE_RECORD,
-       FB_TAG_HASH, FB_PROPS_ENCODE, FB_COUNT };
+       FB_TAG_HASH, FB_PROPS_ENCODE, FB_MSG_IDS, FB_COUNT };
 static const char *const fb_names[FB_COUNT] = {
     "scan", "stamp_batch", "index_entries", "verify", "damage", "crc_spans", "decode_batch", "encode_record",
-    "tag_hash", "props_encode",
+    "tag_hash", "props_encode", "msg_ids",
 };
 static PyObject *fallback[FB_COUNT];
 static PyObject *CorruptRecordError, *InvalidMessageError, *MessageTooLargeError;
@@ -1143,6 +1143,238 @@ fallback:
     return call_fallback(FB_ENCODE_RECORD, args, nargs, kwnames);
 }
 
+/* ------------------------------------------------------------------ send_async answers */
+
+static const char *const msg_ids_kw[] = {"id_prefix", "positions"};
+
+/* msg_ids(id_prefix, positions) -> [id_prefix + 16 upper-case hex digits of each position]: the
+ * ids of a SEND answer's messages (client.message.msg_ids), made once per answered batch. */
+static PyObject *n_msg_ids(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[2];
+    Py_ssize_t n;
+    PyObject *const *items;
+    if (parse_args("msg_ids", args, nargs, kwnames, msg_ids_kw, 2, 2, a) < 0)
+        return NULL;
+    if (!PyUnicode_CheckExact(a[0]) || !PyUnicode_IS_ASCII(a[0]) || !ints_from_sequence(a[1], &n, &items))
+        return call_fallback(FB_MSG_IDS, args, nargs, kwnames);
+    uint64_t *pos = PyMem_Malloc(sizeof(uint64_t) * (size_t)(n ? n : 1));
+    if (pos == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!as_u64(items[i], &pos[i])) { /* a negative or odd position: Python words the error */
+            PyMem_Free(pos);
+            return call_fallback(FB_MSG_IDS, args, nargs, kwnames);
+        }
+    }
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *id = msg_id(a[0], pos[i]);
+        if (id == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, id);
+    }
+    PyMem_Free(pos);
+    return out;
+}
+
+/* BatchSlot(batch, index): a message's place in an automatically batched send (the base of the
+ * producer's SendFuture, whose methods are Python). One per send_async call, so it is made in C:
+ * no Python __init__ frame per message. Read-only: `_batch` (any object) and `_index` (an int). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *batch;
+    Py_ssize_t index;
+} BatchSlotObject;
+
+static PyObject *batch_slot_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *batch, *index;
+    if ((kwds != NULL && PyDict_GET_SIZE(kwds) != 0) || !PyTuple_Check(args) || PyTuple_GET_SIZE(args) != 2) {
+        PyErr_Format(PyExc_TypeError, "%s(batch, index) takes exactly two positional arguments", type->tp_name);
+        return NULL;
+    }
+    batch = PyTuple_GET_ITEM(args, 0);
+    index = PyTuple_GET_ITEM(args, 1);
+    Py_ssize_t i = PyNumber_AsSsize_t(index, PyExc_OverflowError);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    BatchSlotObject *o = (BatchSlotObject *)type->tp_alloc(type, 0);
+    if (o == NULL)
+        return NULL;
+    o->batch = Py_NewRef(batch);
+    o->index = i;
+    return (PyObject *)o;
+}
+
+static int batch_slot_traverse(BatchSlotObject *o, visitproc visit, void *arg)
+{
+    Py_VISIT(o->batch);
+    if (Py_TYPE(o)->tp_flags & Py_TPFLAGS_HEAPTYPE)
+        Py_VISIT(Py_TYPE(o)); /* an instance of a heap subclass (SendFuture) owns a reference to it */
+    return 0;
+}
+
+static int batch_slot_clear(BatchSlotObject *o)
+{
+    Py_CLEAR(o->batch);
+    return 0;
+}
+
+static void batch_slot_dealloc(BatchSlotObject *o)
+{
+    PyTypeObject *tp = Py_TYPE(o);
+    PyObject_GC_UnTrack(o);
+    batch_slot_clear(o);
+    tp->tp_free((PyObject *)o);
+}
+
+static PyMemberDef batch_slot_members[] = {
+    {"_batch", T_OBJECT_EX, offsetof(BatchSlotObject, batch), READONLY, "the batch the message is in"},
+    {"_index", T_PYSSIZET, offsetof(BatchSlotObject, index), READONLY, "the message's index in its batch"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+/* BatchSlot.result(timeout=None): the message's SendResult once its batch is answered, made here
+ * from the answer's fields (`ids`, `topic`, `queue_id`, `first_offset`, `broker`) with the
+ * SendResult slots filled directly, as the dataclass __init__ would. Anything else -- no answer
+ * yet (wait, or raise the send's error), ids not made yet, SendResult not bound as plain slots --
+ * is the bound Python version's (producer.py), called as python_result(self, timeout). */
+static PyObject *slow_result;
+static PyTypeObject *send_result_cls;
+#define SR_FIELDS 5
+static const char *const sr_names[SR_FIELDS] = {"msg_id", "topic", "queue_id", "queue_offset", "broker"};
+static Py_ssize_t sr_offsets[SR_FIELDS];
+static PyObject *str_answer, *str_ids, *str_topic, *str_queue_id, *str_first_offset, *str_broker;
+
+static PyObject *batch_slot_slow_result(BatchSlotObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                        PyObject *kwnames)
+{
+    if (slow_result == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "BatchSlot.result: producer.py did not bind its Python version");
+        return NULL;
+    }
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *stack[8];
+    if (nargs + nk > 7) {
+        PyErr_SetString(PyExc_TypeError, "result() takes at most one argument (timeout)");
+        return NULL;
+    }
+    stack[0] = (PyObject *)self;
+    for (Py_ssize_t i = 0; i < nargs + nk; i++)
+        stack[i + 1] = args[i];
+    return PyObject_Vectorcall(slow_result, stack, (size_t)(nargs + 1), kwnames);
+}
+
+static PyObject *batch_slot_result(BatchSlotObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames)
+{
+    PyObject *answer = NULL, *ids = NULL, *v[SR_FIELDS] = {0}, *first = NULL, *index = NULL;
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs + nk > 1 || (nk == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "timeout") != 0)
+        || sr_offsets[0] == 0)
+        return batch_slot_slow_result(self, args, nargs, kwnames); /* Python words any argument error */
+    if ((answer = PyObject_GetAttr(self->batch, str_answer)) == NULL)
+        return NULL;
+    if (answer == Py_None)
+        goto slow;
+    if ((ids = PyObject_GetAttr(answer, str_ids)) == NULL)
+        goto error;
+    if (!PyList_CheckExact(ids) || self->index < 0 || self->index >= PyList_GET_SIZE(ids))
+        goto slow;
+    v[0] = Py_NewRef(PyList_GET_ITEM(ids, self->index));
+    if ((v[1] = PyObject_GetAttr(answer, str_topic)) == NULL || (v[2] = PyObject_GetAttr(answer, str_queue_id)) == NULL
+        || (first = PyObject_GetAttr(answer, str_first_offset)) == NULL
+        || (v[4] = PyObject_GetAttr(answer, str_broker)) == NULL || (index = PyLong_FromSsize_t(self->index)) == NULL
+        || (v[3] = PyNumber_Add(first, index)) == NULL)
+        goto error;
+    Py_DECREF(first);
+    Py_DECREF(index);
+    Py_DECREF(ids);
+    Py_DECREF(answer);
+    PyObject *r = send_result_cls->tp_alloc(send_result_cls, 0);
+    if (r == NULL) {
+        for (int i = 0; i < SR_FIELDS; i++)
+            Py_DECREF(v[i]);
+        return NULL;
+    }
+    for (int i = 0; i < SR_FIELDS; i++)
+        *(PyObject **)((char *)r + sr_offsets[i]) = v[i]; /* references moved */
+    return r;
+slow:
+    Py_XDECREF(ids);
+    Py_DECREF(answer);
+    return batch_slot_slow_result(self, args, nargs, kwnames);
+error:
+    for (int i = 0; i < SR_FIELDS; i++)
+        Py_XDECREF(v[i]);
+    Py_XDECREF(first);
+    Py_XDECREF(index);
+    Py_XDECREF(ids);
+    Py_XDECREF(answer);
+    return NULL;
+}
+
+static PyMethodDef batch_slot_methods[] = {
+    {"result", (PyCFunction)(void (*)(void))batch_slot_result, METH_FASTCALL | METH_KEYWORDS,
+     "result(timeout=None) -> SendResult: the message's result once its batch is answered (else waits)."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* Slot offsets of a class's fields if each is a plain writable slot and instances are made by
+ * PyType_GenericAlloc (what _bind_received checks for ReceivedMessage); 0 if not. */
+static int plain_slot_offsets(PyTypeObject *cls, const char *const *names, int n, Py_ssize_t *offsets)
+{
+    if (cls->tp_dictoffset != 0 || cls->tp_alloc != PyType_GenericAlloc)
+        return 0;
+    for (int i = 0; i < n; i++) {
+        PyObject *d = PyDict_GetItemString(cls->tp_dict, names[i]);
+        if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type)
+            return 0;
+        PyMemberDef *md = ((PyMemberDescrObject *)d)->d_member;
+        if (md->type != T_OBJECT_EX || (md->flags & READONLY) || md->offset <= 0)
+            return 0;
+        offsets[i] = md->offset;
+    }
+    return 1;
+}
+
+static PyObject *n_bind_send_future(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    /* _bind_send_future(python_result, SendResult, field_names) -> "slots" | "python": how
+     * BatchSlot.result will answer (with plain slots it fills SendResult's directly). */
+    if (nargs != 3 || !PyCallable_Check(args[0]) || !PyType_Check(args[1]) || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "_bind_send_future(python_result, SendResult, field_names: tuple)");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[1];
+    int ok = PyTuple_GET_SIZE(args[2]) == SR_FIELDS;
+    for (int i = 0; ok && i < SR_FIELDS; i++)
+        ok = PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(args[2], i), sr_names[i]) == 0;
+    Py_ssize_t offsets[SR_FIELDS];
+    ok = ok && plain_slot_offsets(cls, sr_names, SR_FIELDS, offsets);
+    Py_XSETREF(slow_result, Py_NewRef(args[0]));
+    Py_XSETREF(send_result_cls, (PyTypeObject *)Py_NewRef(cls));
+    for (int i = 0; i < SR_FIELDS; i++)
+        sr_offsets[i] = ok ? offsets[i] : 0;
+    return PyUnicode_FromString(ok ? "slots" : "python");
+}
+
+static PyTypeObject BatchSlotType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "equeue_core._native.BatchSlot",
+    .tp_basicsize = sizeof(BatchSlotObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "BatchSlot(batch, index): a message's place in a batch (base of the producer's SendFuture).",
+    .tp_new = batch_slot_new,
+    .tp_traverse = (traverseproc)batch_slot_traverse,
+    .tp_clear = (inquiry)batch_slot_clear,
+    .tp_dealloc = (destructor)batch_slot_dealloc,
+    .tp_members = batch_slot_members,
+    .tp_methods = batch_slot_methods,
+};
+
 /* ------------------------------------------------------------------ binding */
 
 static PyObject *n_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -1227,6 +1459,8 @@ static PyMethodDef methods[] = {
      "client.message.decode_batch, in C."},
     {"encode_record", (PyCFunction)(void (*)(void))n_encode_record, METH_FASTCALL | METH_KEYWORDS,
      "record.encode_record, in C."},
+    {"msg_ids", (PyCFunction)(void (*)(void))n_msg_ids, METH_FASTCALL | METH_KEYWORDS,
+     "client.message.msg_ids, in C."},
     {"crc32c", n_crc32c, METH_O, "crc32c(data) -> int, with the fastest code this CPU runs."},
     {"crc32c_table", n_crc32c_table, METH_O, "crc32c(data) -> int with the slicing-by-8 tables (for tests)."},
     {"crc32c_sse42", n_crc32c_sse42, METH_O,
@@ -1234,6 +1468,8 @@ static PyMethodDef methods[] = {
     {"crc32c_implementation", n_crc32c_implementation, METH_NOARGS, "'sse4.2' or 'table'."},
     {"_bind", (PyCFunction)(void (*)(void))n_bind, METH_FASTCALL | METH_KEYWORDS,
      "record.py binds the Python versions (fallbacks) here."},
+    {"_bind_send_future", (PyCFunction)(void (*)(void))n_bind_send_future, METH_FASTCALL,
+     "producer.py binds SendFuture's Python result() and SendResult here."},
     {"_bind_received", (PyCFunction)(void (*)(void))n_bind_received, METH_FASTCALL,
      "message.py binds ReceivedMessage and the properties decoder here."},
     {NULL, NULL, 0, NULL},
@@ -1262,5 +1498,22 @@ PyMODINIT_FUNC PyInit__native(void)
     tag_hashes = PyDict_New();
     if (!str_retry_topic || !str_key_sep || !empty_tuple || !tag_hashes)
         return NULL;
-    return PyModule_Create(&module);
+    str_answer = PyUnicode_InternFromString("answer");
+    str_ids = PyUnicode_InternFromString("ids");
+    str_topic = PyUnicode_InternFromString("topic");
+    str_queue_id = PyUnicode_InternFromString("queue_id");
+    str_first_offset = PyUnicode_InternFromString("first_offset");
+    str_broker = PyUnicode_InternFromString("broker");
+    if (!str_answer || !str_ids || !str_topic || !str_queue_id || !str_first_offset || !str_broker)
+        return NULL;
+    if (PyType_Ready(&BatchSlotType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "BatchSlot", (PyObject *)&BatchSlotType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

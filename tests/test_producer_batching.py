@@ -3,6 +3,8 @@ how long a batch waits for an earlier batch of its queue to be answered."""
 
 from __future__ import annotations
 
+import pytest
+
 from equeue_core.client import Message, Producer
 
 
@@ -68,3 +70,114 @@ def test_a_batch_waiting_behind_an_unanswered_one_still_leaves_after_the_linger(
             assert second.result(30).queue_offset == first.result(30).queue_offset + 1
     finally:
         b.stop()
+
+
+def test_send_async_blocks_at_max_in_flight_and_says_the_broker_is_busy_when_no_answer_frees_room(tmp_path):
+    """Bounded memory: with the broker frozen, at most max_in_flight messages wait for answers; the
+    next send_async waits up to send_timeout for room, then raises BrokerBusyError. Once the
+    broker runs again every accepted message is acknowledged."""
+    import os
+    import signal
+
+    from equeue_core.errors import BrokerBusyError
+    from tests.helpers.broker import BrokerProcess
+
+    b = BrokerProcess(tmp_path / "data").start()
+    try:
+        # retries=2: an unanswered batch holds its room for 3 tries of send_timeout, well past the
+        # one send_timeout the blocked caller waits
+        with Producer(b.address, max_in_flight=40, send_timeout=1.0, retries=2) as p:
+            p.send(Message("busy", b"warm-up"))
+            os.kill(b.proc.pid, signal.SIGSTOP)
+            try:
+                accepted = [p.send_async(Message("busy", b"m")) for _ in range(40)]
+                assert p._async._pending == 40
+                with pytest.raises(BrokerBusyError):
+                    p.send_async(Message("busy", b"one too many"))
+                assert p._async._pending == 40
+            finally:
+                os.kill(b.proc.pid, signal.SIGCONT)
+            outcomes = []
+            for f in accepted:  # answered, or timed out while the broker was frozen (at least once)
+                outcomes.append(f.exception(30))
+            assert all(e is None or e.code == "timeout" for e in outcomes), outcomes
+        assert p._async._pending == 0
+    finally:
+        b.stop()
+
+
+def test_callers_waiting_for_room_are_woken_by_each_answer_not_by_the_timeout(file_broker):
+    """max_in_flight far below the burst, from two threads: every send_async gets room as answers
+    free it (a missed wake-up would leave a caller waiting out send_timeout, then BrokerBusyError)."""
+    import threading
+
+    errors: list[BaseException] = []
+    results: list[list] = [[], []]
+    with Producer(file_broker.address, max_in_flight=30, send_timeout=20.0) as p:
+        p.send(Message("room", b"warm-up"))
+
+        def burst(n: int) -> None:
+            try:
+                futures = [p.send_async(Message("room", f"{n}-{i}".encode()), routing_key=str(n))
+                           for i in range(3000)]
+                results[n] = [f.result(60) for f in futures]
+            except BaseException as e:  # noqa: BLE001 -- reported by the assertion below
+                errors.append(e)
+
+        threads = [threading.Thread(target=burst, args=(n,)) for n in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads)
+        assert p._async._pending == 0
+    assert errors == []
+    for rs in results:  # per key (one queue each) in the order sent
+        assert len(rs) == 3000 and [r.queue_offset for r in rs] == sorted(r.queue_offset for r in rs)
+
+
+def _sends_served(address: str) -> int:
+    from equeue_core.client import AdminClient
+
+    with AdminClient(address) as admin:
+        return sum(admin.stats()["latency"]["send"]["counts"])
+
+
+def test_round_robin_over_many_topics_fills_frames_instead_of_a_frame_per_topic_per_round_trip(tmp_path):
+    """send_async over 20 topics while the broker cannot answer: at most max_batches_in_flight
+    frames go out; the other topics' messages gather in their open batches and leave, one frame
+    per topic, as answers free room. Without that limit every topic had a frame in flight and
+    each linger check sent another small one per topic (the 100-topic produce ran at a quarter
+    of the one-topic rate). Every message is stored, in order per topic."""
+    import os
+    import signal
+
+    from tests.helpers.broker import BrokerProcess
+    from tests.helpers.waiting import wait_until
+
+    topics = [f"rr{i}" for i in range(20)]
+    b = BrokerProcess(tmp_path / "data").start()
+    try:
+        with Producer(b.address, max_batches_in_flight=4) as p:
+            for t in topics:
+                p.send(Message(t, b"warm-up"))
+            before = _sends_served(b.address)
+            os.kill(b.proc.pid, signal.SIGSTOP)
+            try:
+                futures = [p.send_async(Message(topics[i % 20], f"{i}".encode())) for i in range(2000)]
+                # the linger checks of the frozen frames' topics come and go meanwhile
+                assert wait_until(lambda: len(p._async._deferred) >= 16, timeout=10)
+                assert p._async._frames == 4
+            finally:
+                os.kill(b.proc.pid, signal.SIGCONT)
+            results = [f.result(30) for f in futures]
+        served = _sends_served(b.address) - before
+    finally:
+        b.stop()
+    assert served <= 4 + 20 + 4, served  # the frozen 4, one per topic, the frozen topics' next
+    for t in topics:
+        mine = [r for r in results if r.topic == t]
+        assert len(mine) == 100
+        for q in {r.queue_id for r in mine}:  # per queue, in the order sent
+            offsets = [r.queue_offset for r in mine if r.queue_id == q]
+            assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)

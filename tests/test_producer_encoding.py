@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from equeue_core import record
-from equeue_core.client import AdminClient, Message, Producer
+from equeue_core.client import AdminClient, Message, Producer, message
 from equeue_core.client.message import append_records
 from equeue_core.errors import InvalidMessageError, InvalidTopicError, MessageTooLargeError
 
@@ -32,8 +32,20 @@ def _without_born_ts(rec: bytes) -> bytes:
     return rec[:record.OFF_BORN_TS] + rec[record.OFF_BORN_TS + 8:]
 
 
+# append_record in Python and (when the record hot path is built) with the compiled encode_record
+APPEND_RECORD = [message.python_append_record] + ([message._native_append_record] if record.native_module else [])
+
+
+@pytest.fixture(params=APPEND_RECORD, ids=lambda f: f.__name__)
+def each_append_record(request, monkeypatch):
+    if request.param is message._native_append_record:
+        monkeypatch.setattr(message, "_native_encode", record.native_module.encode_record, raising=False)
+    monkeypatch.setattr(message, "append_record", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("queue_id", [0, 7])
-def test_batch_records_are_the_bytes_message_encode_lays_out(queue_id):
+def test_batch_records_are_the_bytes_message_encode_lays_out(queue_id, each_append_record):
     messages = [*MESSAGES, Message("t\u00f6pic", b"a topic the broker refuses still lays out")]
     parts: list[bytes] = []
     total = append_records(parts, messages, queue_id)
@@ -45,7 +57,7 @@ def test_batch_records_are_the_bytes_message_encode_lays_out(queue_id):
         assert _without_born_ts(batch[start:end]) == _without_born_ts(m.encode(queue_id)), m
 
 
-def test_batch_records_keep_the_checks_of_message_encode():
+def test_batch_records_keep_the_checks_of_message_encode(each_append_record):
     with pytest.raises(InvalidMessageError):
         append_records([], [Message("t", b"ok"), Message("t", b"x", keys=["bad\x1fkey"])], 0)
     with pytest.raises(InvalidMessageError):

@@ -53,7 +53,8 @@ class Impl:
     def __init__(self, name: str) -> None:
         self.name = name
         if name == "python":
-            funcs = dict(record.PYTHON_FUNCTIONS, decode_batch=message.python_decode_batch)
+            funcs = dict(record.PYTHON_FUNCTIONS, decode_batch=message.python_decode_batch,
+                         msg_ids=message.python_msg_ids)
         else:
             mod = native_module()
             if mod is None:
@@ -61,7 +62,7 @@ class Impl:
                             "`pip install -e .` must build it (setup.py)")
             if record.native_module is not mod:
                 pytest.fail("equeue_core._native is built but record.py did not load it")
-            funcs = dict(record.NATIVE_FUNCTIONS, decode_batch=mod.decode_batch)
+            funcs = dict(record.NATIVE_FUNCTIONS, decode_batch=mod.decode_batch, msg_ids=mod.msg_ids)
         self.__dict__.update(funcs)
 
 
@@ -420,6 +421,22 @@ def test_decode_batch_refuses_and_decodes_as_the_python_one():
     bad_props = bad_props[:-2] + b"\xc1" + bad_props[-1:]
     both("decode_batch", bad_props, "AB")
     assert both("decode_batch", memoryview(buf)[size:], "AB")[0] == "ok"
+
+
+@hyp
+@given(prefix=st.text(max_size=24), positions=st.lists(st.integers(0, 2**64 - 1), max_size=50),
+       as_tuple=st.booleans())
+def test_msg_ids_of_a_send_answer_are_the_same_in_both(prefix, positions, as_tuple):
+    got = both("msg_ids", prefix, tuple(positions) if as_tuple else positions)
+    assert got[0] == "ok" and len(got[1]) == len(positions)
+
+
+@pytest.mark.parametrize("args", [
+    ("AB", [-1]), ("AB", [2**64]), ("AB", [True]), ("AB", [1.0]), ("AB", range(3)), ("AB", None),
+    (5, [1]), ("pr\u00e9", [255]),
+])
+def test_msg_ids_with_odd_arguments_behaves_as_the_python_one(args):
+    both("msg_ids", *args)
 
 
 def test_a_batch_large_enough_to_release_the_gil_is_stamped_and_checked_the_same():

@@ -2,19 +2,21 @@
 
 A batch body is the stored record layout already (record.py), so the broker stamps and appends it
 without re-encoding. `send` waits for its own result; `send_async` returns a future and lets
-messages sent within `linger_ms` of each other (or up to `max_batch_bytes`) share one frame;
-`send_batch` sends a list as one frame per topic.
+messages sent within `linger_ms` of each other (or up to `max_batch_bytes`) share one frame, at
+most `max_batches_in_flight` frames unanswered with one broker (docs/client.md); `send_batch`
+sends a list as one frame per topic.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Any
 
 from equeue_core import record
@@ -23,7 +25,7 @@ from equeue_core.client.credentials import credentials
 from equeue_core.client.direct import DirectConnection
 from equeue_core.client.fault import LatencyFaultTolerance
 from equeue_core.client.loop import background_loop, run_sync
-from equeue_core.client.message import Message, SendResult, append_record, append_records
+from equeue_core.client.message import Message, SendResult, append_record, append_records, msg_ids
 from equeue_core.client.routing import DEFAULT_ROUTE_REFRESH_S, BrokerQueue, ClusterRouter, writable_queues
 from equeue_core.codes import Code
 from equeue_core.errors import (
@@ -56,14 +58,57 @@ class _Route:
     fetched: float
 
 
-@dataclass(slots=True)
+_FUTURE_LOCK = threading.Lock()  # a batch's future made on demand, atomically with its outcome
+
+
 class _OpenBatch:
-    queue: Any = None  # the queue id (a BrokerQueue with nameserver=) the whole batch goes to
-    parts: list[bytes] = field(default_factory=list)  # the records' buffers (message.append_records)
-    size: int = 0
-    count: int = 0  # messages in the batch
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    answer: _BatchAnswer | None = None  # set just before future's result: read without its lock
+    """The send_async messages of one frame, and its outcome. The concurrent.futures.Future
+    their SendFutures wait on is made only when someone waits (result() before the answer,
+    add_done_callback, await): a batch answered before anyone asks costs no Future (with its
+    Condition and lock), which with many topics and small frames was a fifth of the caller's CPU."""
+
+    __slots__ = ("queue", "parts", "size", "count", "answer", "error", "done", "_future")
+
+    def __init__(self, queue: Any = None) -> None:
+        self.queue = queue  # the queue id (a BrokerQueue with nameserver=) the whole batch goes to
+        self.parts: list[bytes] = []  # the records' buffers (message.append_record)
+        self.size = 0
+        self.count = 0  # messages in the batch
+        # The outcome, set once by resolve() (answer and error before done, so a reader that sees
+        # done without the lock sees them too)
+        self.answer: _BatchAnswer | None = None
+        self.error: BaseException | None = None
+        self.done = False
+        self._future: concurrent.futures.Future | None = None
+
+    def future(self) -> concurrent.futures.Future:
+        """The future of the outcome (made now if nobody asked before; already set if done)."""
+        f = self._future
+        if f is None:
+            with _FUTURE_LOCK:
+                f = self._future
+                if f is None:
+                    f = concurrent.futures.Future()
+                    if self.done:
+                        self._settle(f)
+                    self._future = f
+        return f
+
+    def _settle(self, f: concurrent.futures.Future) -> None:
+        if self.error is not None:
+            f.set_exception(self.error)
+        else:
+            f.set_result(self.answer)
+
+    def resolve(self, answer: _BatchAnswer | None, error: BaseException | None) -> None:
+        """The outcome (once, on the loop thread): an answer, or the error every message fails with."""
+        with _FUTURE_LOCK:
+            self.answer = answer
+            self.error = error
+            self.done = True
+            f = self._future
+        if f is not None:
+            self._settle(f)
 
 
 @dataclass(slots=True)
@@ -76,24 +121,34 @@ class _BatchAnswer:
     first_offset: int
     positions: list[int]
     broker: str = ""
+    ids: list[str] | None = None  # every message's msg id, made (in one call) when a first is asked for
 
     def result(self, i: int) -> SendResult:
-        return SendResult(f"{self.id_prefix}{self.positions[i]:016X}", self.topic, self.queue_id,
-                          self.first_offset + i, self.broker)
+        ids = self.ids
+        if ids is None:  # two threads may both make them: the same strings
+            ids = self.ids = msg_ids(self.id_prefix, self.positions)
+        return SendResult(ids[i], self.topic, self.queue_id, self.first_offset + i, self.broker)
 
     def results(self) -> list[SendResult]:
-        prefix, topic, queue_id, first, broker = (self.id_prefix, self.topic, self.queue_id,
-                                                  self.first_offset, self.broker)
-        return [SendResult(f"{prefix}{p:016X}", topic, queue_id, first + i, broker)
-                for i, p in enumerate(self.positions)]
+        topic, queue_id, first, broker = self.topic, self.queue_id, self.first_offset, self.broker
+        return [SendResult(msg_id, topic, queue_id, first + i, broker)
+                for i, msg_id in enumerate(msg_ids(self.id_prefix, self.positions))]
 
 
-class SendFuture:
-    """The future of one automatically batched message. Messages of a batch share one
-    underlying future, so batching does not cost a future (or a result object) per message
-    until someone asks for it. Offers result(), exception(), done(), add_done_callback() like
-    concurrent.futures.Future, and can be awaited from asyncio code. A result asked for once the
-    batch is answered comes from the batch's answer directly (no lock, no wait)."""
+def _python_result(future: Any, timeout: float | None = None) -> SendResult:
+    """SendFuture.result: the message's SendResult, once its batch is answered (waiting up to
+    `timeout` s for that), or the send's error. The compiled BatchSlot.result answers itself when
+    the batch is answered and its msg ids are made, and calls this for everything else."""
+    batch = future._batch
+    answer = batch.answer
+    if answer is None:
+        answer = batch.future().result(timeout)
+    return answer.result(future._index)
+
+
+class _PyBatchSlot:
+    """A message's place in a batch: what the compiled record hot path's BatchSlot is, in Python
+    (EQUEUE_PURE_PYTHON=1 or no C compiler)."""
 
     __slots__ = ("_batch", "_index")
 
@@ -101,23 +156,43 @@ class SendFuture:
         self._batch = batch
         self._index = index
 
-    def result(self, timeout: float | None = None) -> SendResult:
-        answer = self._batch.answer
-        if answer is None:
-            answer = self._batch.future.result(timeout)
-        return answer.result(self._index)
+    result = _python_result
+
+
+# One of these per send_async call: made in C when the hot path is built (no __init__ frame), whose
+# result() builds the SendResult in C once the batch is answered
+_BatchSlot: Any = record.native.BatchSlot if record.native is not None else _PyBatchSlot
+if record.native_module is not None:
+    record.native_module._bind_send_future(_python_result, SendResult, tuple(f.name for f in fields(SendResult)))
+
+
+class SendFuture(_BatchSlot):
+    """The future of one automatically batched message: SendFuture(batch, index). Messages of a
+    batch share one underlying future, so batching does not cost a future (or a result object)
+    per message until someone asks for it. Offers result(), exception(), done(),
+    add_done_callback() like concurrent.futures.Future, and can be awaited from asyncio code. A
+    result asked for once the batch is answered comes from the batch's answer directly (no lock,
+    no wait)."""
+
+    __slots__ = ()
+
+    # result(timeout=None) -> SendResult: the base's (_python_result; in C when built)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        return self._batch.future.exception(timeout)
+        batch = self._batch
+        if batch.done:
+            return batch.error
+        return batch.future().exception(timeout)
 
     def done(self) -> bool:
-        return self._batch.future.done()
+        return self._batch.done
 
     def add_done_callback(self, fn: Any) -> None:
-        self._batch.future.add_done_callback(lambda _f: fn(self))
+        """fn(this future) once the message is answered or failed (at once if it is already)."""
+        self._batch.future().add_done_callback(lambda _f: fn(self))
 
     def __await__(self):
-        answer = yield from asyncio.wrap_future(self._batch.future).__await__()
+        answer = yield from asyncio.wrap_future(self._batch.future()).__await__()
         return answer.result(self._index)
 
 
@@ -133,7 +208,10 @@ class AsyncProducer:
                  secret_key: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None,
                  curve_server_key: str | None = None, curve_public_key: str | None = None,
-                 curve_secret_key: str | None = None) -> None:
+                 curve_secret_key: str | None = None, max_batches_in_flight: int = 8) -> None:
+        """`max_batches_in_flight`: with one broker, the send_async frames sent and not yet
+        answered at most (a batch is a frame); while that many are out, batches that are ready
+        wait for the next answer and keep gathering messages (see _send_open)."""
         self.broker = broker
         self.nameserver = nameserver
         self._credentials = credentials(access_key=access_key, secret_key=secret_key, tls_ca=tls_ca,
@@ -154,17 +232,38 @@ class AsyncProducer:
         self._routes: dict[str, _Route] = {}
         self._conn: BrokerConnection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The lock guards _open (the callers add to it, the loop thread takes batches out of it)
+        # and _enqueued. The loop thread takes it once per answered batch (and per linger check),
+        # not per message: whatever only the loop thread writes (_in_flight, _linger_armed,
+        # _released) it writes without it. And the usual paths of its critical sections make no
+        # call (dict and attribute operations only): CPython hands the GIL to another thread only
+        # at a call or a backward jump, so a thread holding the lock is not switched out, and the
+        # other thread never sleeps on the lock only to wake the holder (a caller paid ~10 % of
+        # its CPU in those wake-ups).
         self._lock = threading.Lock()
-        self._room = threading.Condition(self._lock)  # guards _open and _pending
+        self._room = threading.Condition(self._lock)  # callers waiting for room under max_in_flight
         self._open: dict[tuple[str, Any, bool], _OpenBatch] = {}
-        # batches sent and not yet answered, per batch key (guarded by _lock): a new batch leaves
-        # at once while its key has none in flight, else when the last one is answered
+        # batches sent and not yet answered, per batch key (the loop thread writes it; callers read
+        # it under _lock): a new batch leaves at once while its key has none in flight, else when
+        # the last one is answered (_answered deletes a key under _lock)
         self._in_flight: dict[tuple[str, Any, bool], int] = {}
-        self._linger_armed: set[tuple[str, Any, bool]] = set()  # keys with a _linger_check pending
+        self._linger_armed: set[tuple[str, Any, bool]] = set()  # keys with a _linger_check pending (loop thread)
         self.max_in_flight = max_in_flight
-        self._pending = 0
+        self._enqueued = 0  # messages ever queued (callers, under _lock)
+        self._released = 0  # of those, answered or failed (the loop thread only)
+        self._room_waiters = 0  # callers waiting in _room (under _lock)
+        # One broker: at most max_batches_in_flight frames out (the loop thread counts them); keys
+        # whose open batch is ready to go wait in _deferred, in order, for the next answer
+        self.max_batches_in_flight = max(1, max_batches_in_flight)
+        self._frames = 0
+        self._deferred: dict[tuple[str, Any, bool], None] = {}
         self._tasks: set[asyncio.Future] = set()
         self._closed = False
+
+    @property
+    def _pending(self) -> int:
+        """Messages queued and not yet answered or failed (read without the lock: a moment stale)."""
+        return self._enqueued - self._released
 
     async def start(self) -> AsyncProducer:
         self._loop = asyncio.get_running_loop()
@@ -219,30 +318,38 @@ class AsyncProducer:
         queues message by message, as docs/cluster.md promises)."""
         if self._closed:
             raise ClientClosedError("the producer is closed")
-        pinned = routing_key is not None
-        queue = self._select(route, routing_key) if pinned or self._router is not None else None
-        # the broker stamps the queue id into every record it stores, so 0 is fine until then
         parts: list[bytes] = []
-        size = append_record(parts, message, 0 if queue is None else queue if isinstance(queue, int) else queue.queue_id,
-                             time.time_ns() // 1_000_000)
+        if routing_key is None and self._router is None:  # the usual call: the batch picks the queue
+            queue = None
+            pinned = False
+            # the broker stamps the queue id into every record it stores, so 0 is fine until then
+            size = append_record(parts, message, 0)
+        else:
+            pinned = routing_key is not None
+            queue = self._select(route, routing_key)
+            size = append_record(parts, message, queue if isinstance(queue, int) else queue.queue_id)
         key = (message.topic, queue, pinned)
+        open_ = self._open
+        # No call in the usual path of this critical section (see _lock in __init__)
         with self._lock:  # the lock of self._room (its own __enter__ is a Python-level call)
-            while self._pending >= self.max_in_flight:
-                if not self._room.wait(self.send_timeout):
-                    raise BrokerBusyError(f"{self._pending} messages waiting to be sent; the broker is not keeping up")
-            self._pending += 1
-            batch = self._open.get(key)
-            new = batch is None
-            if new:
+            if self._enqueued - self._released >= self.max_in_flight:
+                self._wait_for_room()
+            if key in open_:
+                batch = open_[key]
+                new = False
+            else:
+                new = True
                 idle = key not in self._in_flight
-                batch = self._open[key] = _OpenBatch(self._select(route, None) if queue is None else queue)
+                batch = open_[key] = _OpenBatch(self._select(route, None) if queue is None else queue)
+            self._enqueued += 1
             index = batch.count
             batch.count = index + 1
             batch.parts += parts
-            batch.size += size
-            full = batch.size >= self.max_batch_bytes
+            size += batch.size
+            batch.size = size
+            full = size >= self.max_batch_bytes
             if full:
-                del self._open[key]
+                del open_[key]
         loop = self._loop
         assert loop is not None
         if full:
@@ -254,55 +361,125 @@ class AsyncProducer:
         # thread from here (each one costs both threads a switch)
         return SendFuture(batch, index)
 
+    def _wait_for_room(self) -> None:
+        """With _lock held: wait until fewer than max_in_flight messages are unanswered. The count
+        is checked again after registering as a waiter, so a release in between (which notifies
+        only while someone waits, see _release) is never missed."""
+        self._room_waiters += 1
+        try:
+            while self._enqueued - self._released >= self.max_in_flight:
+                if not self._room.wait(self.send_timeout):
+                    raise BrokerBusyError(f"{self._pending} messages waiting to be sent; the broker is not keeping up")
+        finally:
+            self._room_waiters -= 1
+
     def _linger_check(self, key: tuple[str, Any, bool]) -> None:
         """Every `linger` while batches of `key` are in flight (armed by _dispatch): the batch that
         opened meanwhile leaves now, so none waits longer than `linger` for an answer."""
+        self._linger_armed.discard(key)
+        if key not in self._in_flight:
+            return  # _answered sent whatever had gathered
+        if not self._frame_room():
+            self._deferred[key] = None  # leaves with the next answer (_dispatch arms the next check)
+            return
+        open_ = self._open
         with self._lock:
-            self._linger_armed.discard(key)
-            if key not in self._in_flight:
-                return  # _answered sent whatever had gathered
-            waiting = self._open.pop(key, None)
-            if waiting is None:
-                self._linger_armed.add(key)
+            waiting = open_[key] if key in open_ else None
+            if waiting is not None:
+                del open_[key]
         if waiting is not None:
             self._dispatch(key, waiting)
         else:
+            self._linger_armed.add(key)
             assert self._loop is not None
             self._loop.call_later(self.linger, self._linger_check, key)
 
     def _linger_expired(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
+        """A new batch of a key with nothing in flight (or one asked not to linger): it leaves at
+        once, or with the next answer while max_batches_in_flight frames are out."""
+        if self._open.get(key) is batch:
+            self._send_open(key)
+
+    def _frame_room(self) -> bool:
+        return self._router is not None or self._frames < self.max_batches_in_flight
+
+    def _send_open(self, key: tuple[str, Any, bool]) -> None:
+        """On the loop thread: the open batch of `key` leaves now; or, while max_batches_in_flight
+        frames are unanswered, with the next answer (_drain_deferred), having gathered whatever
+        came meanwhile. Why: with many topics (or routing keys) each key's batch is small, and
+        a frame per key per round trip costs both ends far more than the bytes; frames waiting
+        here become fewer and fuller, where the broker would have queued them anyway."""
+        if not self._frame_room():
+            self._deferred[key] = None
+            return
+        open_ = self._open
         with self._lock:
-            if self._open.get(key) is not batch:
-                return
-            del self._open[key]
-        self._dispatch(key, batch)
+            batch = open_[key] if key in open_ else None
+            if batch is not None:
+                del open_[key]
+        if batch is not None:
+            self._dispatch(key, batch)
+
+    def _take_deferred(self) -> list[tuple[tuple[str, Any, bool], _OpenBatch]]:
+        """With _lock held, on the loop thread: the open batches of the waiting keys, oldest
+        first, as many as there is room for (the caller dispatches them)."""
+        deferred = self._deferred
+        room = self.max_batches_in_flight - self._frames if self._router is None else len(deferred)
+        ready = []
+        while deferred and len(ready) < room:
+            key = next(iter(deferred))
+            del deferred[key]
+            batch = self._open.pop(key, None)
+            if batch is not None:
+                ready.append((key, batch))
+        return ready
 
     def _dispatch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
-        with self._lock:
-            self._in_flight[key] = self._in_flight.get(key, 0) + 1
-            arm = key not in self._linger_armed
-            if arm:
-                self._linger_armed.add(key)
-        if arm:
+        """On the loop thread: send a batch taken out of _open."""
+        if self._router is None:
+            self._frames += 1
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        if key not in self._linger_armed:
+            self._linger_armed.add(key)
             assert self._loop is not None
             self._loop.call_later(self.linger, self._linger_check, key)
         task = asyncio.ensure_future(self._send_open_batch(key, batch))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(lambda _t: self._answered(key))
+        task.add_done_callback(functools.partial(self._answered, key))
 
-    def _answered(self, key: tuple[str, Any, bool]) -> None:
+    def _answered(self, key: tuple[str, Any, bool], task: asyncio.Future) -> None:
         """A batch of `key` was answered (or failed): with none of that key left in flight, the
         batch that gathered meanwhile leaves now instead of waiting out its linger."""
-        with self._lock:
-            left = self._in_flight[key] - 1
-            if left:
-                self._in_flight[key] = left
+        self._tasks.discard(task)
+        if self._router is None:
+            self._frames -= 1
+        left = self._in_flight[key] - 1
+        deferred = self._deferred
+        if left:
+            self._in_flight[key] = left
+            if not deferred:
                 return
-            del self._in_flight[key]
-            waiting = self._open.pop(key, None)
-        if waiting is not None:
-            self._dispatch(key, waiting)
+        # one turn of the lock for both: the key's own next batch (atomic with a caller's look at
+        # _in_flight and its new batch in _open) and the batches waiting for room
+        open_ = self._open
+        room = self._router is not None or self._frames < self.max_batches_in_flight
+        batch = None
+        ready: Any = ()
+        with self._lock:
+            if not left:
+                del self._in_flight[key]
+                if key in open_:
+                    if room and not deferred:  # the usual case, without a call under the lock
+                        batch = open_[key]
+                        del open_[key]
+                    else:
+                        deferred[key] = None  # after the keys already waiting for room
+            if deferred and room:
+                ready = self._take_deferred()
+        if batch is not None:
+            self._dispatch(key, batch)
+        for k, b in ready:
+            self._dispatch(k, b)
 
     async def _send_open_batch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
         topic, _, pinned = key
@@ -312,18 +489,20 @@ class AsyncProducer:
             answer = await self._send_frame(topic, batch.queue, body, {}, pinned)
         except BaseException as e:
             self._release(batch.count)
-            batch.future.set_exception(e)
+            batch.resolve(None, e)
             if isinstance(e, asyncio.CancelledError):
                 raise
             return
         self._release(batch.count)
-        batch.answer = answer
-        batch.future.set_result(answer)
+        batch.resolve(answer, None)
 
     def _release(self, n: int) -> None:
-        with self._room:
-            self._pending -= n
-            self._room.notify_all()
+        """On the loop thread: n messages were answered or failed. Wakes callers waiting for
+        room (they registered under the lock before checking the count: see _wait_for_room)."""
+        self._released += n
+        if self._room_waiters:
+            with self._room:
+                self._room.notify_all()
 
     async def _send_frame(self, topic: str, queue_id: Any, body: bytes, extra: dict[str, Any],
                           pinned: bool = False) -> _BatchAnswer:
