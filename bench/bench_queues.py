@@ -74,7 +74,7 @@ def role_produce(address: str, topics: list[str], count: int, size: int) -> dict
     return {"count": count, "seconds": elapsed, "msgs_per_s": count / elapsed}
 
 
-def role_consume(address: str, topics: list[str], count: int, offset_dir: str) -> dict:
+def role_consume(address: str, topics: list[str], count: int, offset_dir: str, queues: int) -> dict:
     from equeue_core.client import Consumer
 
     handler = CountingHandler(count)
@@ -84,10 +84,19 @@ def role_consume(address: str, topics: list[str], count: int, offset_dir: str) -
         c.subscribe(t)
     start = time.perf_counter()
     c.start(handler)
+    # the one-time cost: until the consumer holds every queue (start offsets asked, pulls begun)
+    deadline = start + 600
+    while len(c.assigned_queues()) < queues and not handler.done.is_set() and time.perf_counter() < deadline:
+        time.sleep(0.002)
+    assigned = time.perf_counter()
+    seen_assigned = handler.seen
     handler.done.wait(600)
     elapsed = time.perf_counter() - start
+    steady = time.perf_counter() - assigned
     c.close()
-    return {"count": handler.seen, "seconds": elapsed, "msgs_per_s": handler.seen / elapsed}
+    return {"count": handler.seen, "seconds": elapsed, "msgs_per_s": handler.seen / elapsed,
+            "start_seconds": assigned - start,
+            "steady_msgs_per_s": (handler.seen - seen_assigned) / steady if steady > 0 else 0.0}
 
 
 def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int) -> dict:
@@ -100,17 +109,23 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int) -> d
             admin.broker_info()
             rss_start = settled_rss_kb(pid)
             topics = [f"q{queues}-t{i}" for i in range(n_topics)]
+            created = time.perf_counter()
             for t in topics:
                 admin.create_topic(t, queues=queues)
+            create_seconds = time.perf_counter() - created
             rss_created = settled_rss_kb(pid)
         total = n_topics * queues
         prod = _child(["produce", b.address, ",".join(topics), str(count), "100"])
         rss_produced = settled_rss_kb(pid)
-        cons = _child(["consume", b.address, ",".join(topics), str(count), str(tmp / f"offsets-{label}")])
+        cons = _child(["consume", b.address, ",".join(topics), str(count), str(tmp / f"offsets-{label}"),
+                       str(total)])
         rss_consumed = settled_rss_kb(pid)
         return {"bench": "queues", "case": label, "topics": n_topics, "queues_per_topic": queues,
                 "queues": total, "count": count, "size": 100,
                 "produce_msgs_per_s": round(prod["msgs_per_s"], 1), "consume_msgs_per_s": round(cons["msgs_per_s"], 1),
+                "consume_start_s": round(cons["start_seconds"], 3),
+                "consume_steady_msgs_per_s": round(cons["steady_msgs_per_s"], 1),
+                "create_topics_s": round(create_seconds, 3),
                 "consumed": cons["count"], "rss_mb_start": round(rss_start / 1024, 1),
                 "rss_mb_after": round(rss_consumed / 1024, 1),
                 "rss_kb_per_queue_created": round((rss_created - rss_start) / total, 2),
@@ -159,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         if role == "produce":
             out = role_produce(rest[0], rest[1].split(","), int(rest[2]), int(rest[3]))
         elif role == "consume":
-            out = role_consume(rest[0], rest[1].split(","), int(rest[2]), rest[3])
+            out = role_consume(rest[0], rest[1].split(","), int(rest[2]), rest[3], int(rest[4]))
         else:
             raise SystemExit(f"unknown role {role}")
         print(json.dumps(out))

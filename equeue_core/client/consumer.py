@@ -50,6 +50,7 @@ log = logging.getLogger("equeue.consumer")
 
 MiB = 1024 * 1024
 QueueKey = tuple[str, int]
+START_OFFSET_WINDOW = 64  # start offsets asked at once when queues are assigned (_apply)
 
 
 def parse_expression(expression: str) -> tuple[frozenset[str] | None, list[int] | None]:
@@ -273,12 +274,14 @@ class AsyncConsumer:
         for key in sorted(set(self.queues) - wanted):
             await self._drop_queue(key)
         added = sorted(wanted - set(self.queues))
-        # One at a time: asking every start offset at once (asyncio.gather) starts every queue's
-        # first pull in the same loop turn, and under a small max_connection_bytes those answers
-        # kept the broker from reading this connection's heartbeat for 30 s
-        # (tests/test_connection_limits.py); see the closing note of issue 15.
-        for key in added:
-            await self._add_queue(key)
+        # The start offsets are asked START_OFFSET_WINDOW at a time (pipelined on the connection:
+        # 1000 queues cost ~16 round trips, not 1000); the queues' pull loops then start one
+        # after another (_add_queue).
+        for i in range(0, len(added), START_OFFSET_WINDOW):
+            window = added[i:i + START_OFFSET_WINDOW]
+            offsets = await asyncio.gather(*(self._start_offset(t, q) for t, q in window))
+            for key, offset in zip(window, offsets, strict=True):
+                self._add_queue(key, offset)
         if added or len(wanted) != len(self.queues):
             log.info("%s now consumes %d queues", self.client_id, len(self.queues))
         if added and self.orderly:
@@ -306,9 +309,9 @@ class AsyncConsumer:
         return (await self._conn.request(Code.OFFSET_FOR_TIME, {"topic": topic, "queue_id": queue_id,
                                                                  "ts_ms": int(self.consume_from)})).header["offset"]
 
-    async def _add_queue(self, key: QueueKey) -> None:
+    def _add_queue(self, key: QueueKey, offset: int) -> None:
         topic, q = key
-        pq = ProcessQueue(topic, q, await self._start_offset(topic, q))
+        pq = ProcessQueue(topic, q, offset)
         pq.last_committed = pq.next_offset
         self.queues[key] = pq
         loop = asyncio.get_running_loop()
