@@ -34,9 +34,9 @@ def test_a_consumer_taking_many_queues_asks_their_start_offsets_pipelined_and_st
         lock = threading.Lock()
         col = Collector(60)
         c = Consumer("g", b.address, consume_from="first")
-        real = c._async._start_offset
+        real = c._async._start_point
 
-        async def counted(topic: str, queue_id: int) -> int:
+        async def counted(topic: str, queue_id: int) -> tuple[int, int]:
             nonlocal in_flight, peak
             with lock:
                 in_flight += 1
@@ -47,7 +47,7 @@ def test_a_consumer_taking_many_queues_asks_their_start_offsets_pipelined_and_st
                 with lock:
                     in_flight -= 1
 
-        c._async._start_offset = counted
+        c._async._start_point = counted
         c.subscribe("many")
         c.start(col)
         try:
