@@ -6,6 +6,13 @@ own; the producer (`send_async`, 100 B, round robin over the topics) and the con
 Consumer at its default settings, subscribed to every topic) are separate processes. Memory is
 the broker's VmRSS from /proc. Prints one JSON line per case.
 
+One-time costs are reported apart from the rates, never hidden: `create_topics_s` (creating the
+case's topics), `consume_start_s` (from Consumer.start until it holds every queue: start offsets
+asked, pull loops begun) and `consume_steady_msgs_per_s` (the rate after that; null when the
+consumer was done before it held its last queue). `cpu_us_per_msg` is CPU time per message of the
+producer, consumer and broker (utime + stime from /proc): what to compare on a loaded machine,
+where the rates swing with the other processes.
+
     .venv/bin/python -m bench.bench_queues                 # 100k messages a case
     .venv/bin/python -m bench.bench_queues --count 20000 --connections 200
 
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -45,6 +53,12 @@ def rss_kb(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads) from /proc: CPU spent, whatever the load."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def settled_rss_kb(pid: int, wait: float = 1.0) -> int:
     time.sleep(wait)  # let the broker finish what the last request started
     return rss_kb(pid)
@@ -66,15 +80,17 @@ def role_produce(address: str, topics: list[str], count: int, size: int) -> dict
         for t in topics:
             p.send(Message(t, body))  # routes, not timed
         start = time.perf_counter()
+        cpu = time.process_time()
         window = AnswerWindow()
         for i in range(count):
             window.add(p.send_async(Message(topics[i % len(topics)], body)))
         window.drain()
         elapsed = time.perf_counter() - start
-    return {"count": count, "seconds": elapsed, "msgs_per_s": count / elapsed}
+        cpu = time.process_time() - cpu
+    return {"count": count, "seconds": elapsed, "msgs_per_s": count / elapsed, "cpu_seconds": cpu}
 
 
-def role_consume(address: str, topics: list[str], count: int, offset_dir: str) -> dict:
+def role_consume(address: str, topics: list[str], count: int, offset_dir: str, queues: int) -> dict:
     from equeue_core.client import Consumer
 
     handler = CountingHandler(count)
@@ -83,11 +99,23 @@ def role_consume(address: str, topics: list[str], count: int, offset_dir: str) -
     for t in topics:
         c.subscribe(t)
     start = time.perf_counter()
+    cpu = time.process_time()
     c.start(handler)
+    # the one-time cost: until the consumer holds every queue (start offsets asked, pulls begun)
+    deadline = start + 600
+    while len(c.assigned_queues()) < queues and not handler.done.is_set() and time.perf_counter() < deadline:
+        time.sleep(0.002)
+    assigned = time.perf_counter()
+    seen_assigned = handler.seen
     handler.done.wait(600)
     elapsed = time.perf_counter() - start
+    steady = time.perf_counter() - assigned
+    cpu = time.process_time() - cpu
     c.close()
-    return {"count": handler.seen, "seconds": elapsed, "msgs_per_s": handler.seen / elapsed}
+    return {"count": handler.seen, "seconds": elapsed, "msgs_per_s": handler.seen / elapsed,
+            "start_seconds": assigned - start, "cpu_seconds": cpu,
+            # None: every message was consumed before the consumer held its last queue
+            "steady_msgs_per_s": (handler.seen - seen_assigned) / steady if seen_assigned < count else None}
 
 
 def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int) -> dict:
@@ -100,17 +128,32 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int) -> d
             admin.broker_info()
             rss_start = settled_rss_kb(pid)
             topics = [f"q{queues}-t{i}" for i in range(n_topics)]
+            created = time.perf_counter()
             for t in topics:
                 admin.create_topic(t, queues=queues)
+            create_seconds = time.perf_counter() - created
             rss_created = settled_rss_kb(pid)
         total = n_topics * queues
+        cpu0 = cpu_seconds(pid)
         prod = _child(["produce", b.address, ",".join(topics), str(count), "100"])
+        cpu1 = cpu_seconds(pid)
         rss_produced = settled_rss_kb(pid)
-        cons = _child(["consume", b.address, ",".join(topics), str(count), str(tmp / f"offsets-{label}")])
+        cpu2 = cpu_seconds(pid)
+        cons = _child(["consume", b.address, ",".join(topics), str(count), str(tmp / f"offsets-{label}"),
+                       str(total)])
+        cpu3 = cpu_seconds(pid)
         rss_consumed = settled_rss_kb(pid)
+        us = 1e6 / count
         return {"bench": "queues", "case": label, "topics": n_topics, "queues_per_topic": queues,
                 "queues": total, "count": count, "size": 100,
                 "produce_msgs_per_s": round(prod["msgs_per_s"], 1), "consume_msgs_per_s": round(cons["msgs_per_s"], 1),
+                "consume_start_s": round(cons["start_seconds"], 3),
+                "consume_steady_msgs_per_s": cons["steady_msgs_per_s"] and round(cons["steady_msgs_per_s"], 1),
+                "create_topics_s": round(create_seconds, 3),
+                "cpu_us_per_msg": {"producer": round(prod["cpu_seconds"] * us, 2),
+                                   "broker_produce": round((cpu1 - cpu0) * us, 2),
+                                   "consumer": round(cons["cpu_seconds"] * us, 2),
+                                   "broker_consume": round((cpu3 - cpu2) * us, 2)},
                 "consumed": cons["count"], "rss_mb_start": round(rss_start / 1024, 1),
                 "rss_mb_after": round(rss_consumed / 1024, 1),
                 "rss_kb_per_queue_created": round((rss_created - rss_start) / total, 2),
@@ -159,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         if role == "produce":
             out = role_produce(rest[0], rest[1].split(","), int(rest[2]), int(rest[3]))
         elif role == "consume":
-            out = role_consume(rest[0], rest[1].split(","), int(rest[2]), rest[3])
+            out = role_consume(rest[0], rest[1].split(","), int(rest[2]), rest[3], int(rest[4]))
         else:
             raise SystemExit(f"unknown role {role}")
         print(json.dumps(out))

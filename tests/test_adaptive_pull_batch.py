@@ -73,3 +73,35 @@ def test_a_pull_answer_fits_the_brokers_frame_limit_whatever_batch_the_consumer_
             for _ in range(30):
                 p.send_batch([Message("small-frames", b"x" * 200) for _ in range(100)], routing_key="k")
         assert len(consume(b.address, "g", "small-frames", 3000, timeout=60, pull_batch=1024).items) == 3000
+
+
+def test_a_queue_with_a_known_backlog_starts_pulling_at_that_backlog_not_at_the_floor():
+    b = AdaptivePullBatch()
+    assert b.expect(100) == 100 and b.peak == 100
+    assert AdaptivePullBatch().expect(5) == PULL_BATCH_FLOOR
+    assert AdaptivePullBatch().expect(10**6) == PULL_BATCH_CEILING
+
+
+def test_a_consumer_reads_a_queue_of_100_messages_in_one_pull_not_growing_from_32(file_broker):
+    """Before: 32, 64, then the last 4 (three pulls a queue; at 1000 queues of ~100 messages
+    each, 3000 round trips). The start offset's answer tells the queue's end, so the first pull
+    asks for the whole backlog. hold_ms is long so the one held pull after it is the only other."""
+    with AdminClient(file_broker.address) as admin:
+        admin.create_topic("hundred", 1)
+    with Producer(file_broker.address) as p:
+        p.send_batch([Message("hundred", b"z" * 10) for _ in range(100)])
+    seen = 0
+    lock = threading.Lock()
+
+    def handler(m) -> None:
+        nonlocal seen
+        with lock:
+            seen += 1
+
+    c = Consumer("hundred", file_broker.address, consume_from="first", hold_ms=20_000).subscribe("hundred")
+    c.start(handler)
+    try:
+        assert wait_until(lambda: seen >= 100 and c.stats["pulls"] >= 2, timeout=60)
+        assert c.stats["pulls"] == 2, f"{c.stats['pulls']} pulls for 100 messages in one queue"
+    finally:
+        c.close()

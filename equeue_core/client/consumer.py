@@ -50,6 +50,7 @@ log = logging.getLogger("equeue.consumer")
 
 MiB = 1024 * 1024
 QueueKey = tuple[str, int]
+START_OFFSET_WINDOW = 64  # start offsets asked at once when queues are assigned (_apply)
 
 
 def parse_expression(expression: str) -> tuple[frozenset[str] | None, list[int] | None]:
@@ -273,12 +274,14 @@ class AsyncConsumer:
         for key in sorted(set(self.queues) - wanted):
             await self._drop_queue(key)
         added = sorted(wanted - set(self.queues))
-        # One at a time: asking every start offset at once (asyncio.gather) starts every queue's
-        # first pull in the same loop turn, and under a small max_connection_bytes those answers
-        # kept the broker from reading this connection's heartbeat for 30 s
-        # (tests/test_connection_limits.py); see the closing note of issue 15.
-        for key in added:
-            await self._add_queue(key)
+        # The start offsets are asked START_OFFSET_WINDOW at a time (pipelined on the connection:
+        # 1000 queues cost ~16 round trips, not 1000); the queues' pull loops then start one
+        # after another (_add_queue).
+        for i in range(0, len(added), START_OFFSET_WINDOW):
+            window = added[i:i + START_OFFSET_WINDOW]
+            points = await asyncio.gather(*(self._start_point(t, q) for t, q in window))
+            for key, (offset, end) in zip(window, points, strict=True):
+                self._add_queue(key, offset, end)
         if added or len(wanted) != len(self.queues):
             log.info("%s now consumes %d queues", self.client_id, len(self.queues))
         if added and self.orderly:
@@ -287,28 +290,38 @@ class AsyncConsumer:
             await self._heartbeat()
 
     async def _start_offset(self, topic: str, queue_id: int) -> int:
+        return (await self._start_point(topic, queue_id))[0]
+
+    async def _start_point(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(the offset this consumer starts the queue at, the queue's end offset when asked)."""
         assert self._conn is not None
         if self.mode == "broadcasting":
             local = self._load_local_offsets().get(f"{topic}:{queue_id}")
             h = (await self._conn.request(Code.QUERY_OFFSET, {"group": self.group, "topic": topic,
                                                                "queue_id": queue_id})).header
             if local is not None:
-                return max(int(local), h["min_offset"])
+                return max(int(local), h["min_offset"]), h["max_offset"]
         else:
             h = (await self._conn.request(Code.QUERY_OFFSET, {"group": self.group, "topic": topic,
                                                                "queue_id": queue_id})).header
             if h["offset"] is not None:
-                return max(h["offset"], h["min_offset"])
+                return max(h["offset"], h["min_offset"]), h["max_offset"]
         if topic.startswith(RETRY_PREFIX) or self.consume_from == "first":
-            return h["min_offset"]
+            return h["min_offset"], h["max_offset"]
         if self.consume_from == "last":
-            return h["max_offset"]
-        return (await self._conn.request(Code.OFFSET_FOR_TIME, {"topic": topic, "queue_id": queue_id,
-                                                                 "ts_ms": int(self.consume_from)})).header["offset"]
+            return h["max_offset"], h["max_offset"]
+        at = await self._conn.request(Code.OFFSET_FOR_TIME, {"topic": topic, "queue_id": queue_id,
+                                                             "ts_ms": int(self.consume_from)})
+        return at.header["offset"], h["max_offset"]
 
-    async def _add_queue(self, key: QueueKey) -> None:
+    def _add_queue(self, key: QueueKey, offset: int, end: int) -> None:
+        """Take a queue at `offset`; its first pull asks for the backlog seen then (`end - offset`,
+        within the adaptive batch's bounds) instead of the floor, so a queue holding 100 messages
+        is read in one pull, not four (32, 64, then the rest)."""
         topic, q = key
-        pq = ProcessQueue(topic, q, await self._start_offset(topic, q))
+        pq = ProcessQueue(topic, q, offset)
+        if self.pull_batch is None:
+            self._pull_batch_of(pq).expect(end - offset)
         pq.last_committed = pq.next_offset
         self.queues[key] = pq
         loop = asyncio.get_running_loop()

@@ -99,8 +99,8 @@ class _Membership(AsyncConsumer):
     def _all_topics(self) -> dict[str, str]:
         return dict(self.subscriptions)  # nothing is sent back, so no retry topic
 
-    async def _add_queue(self, key: QueueKey) -> None:
-        self.queues[key] = ProcessQueue(key[0], key[1], await self._start_offset(*key))
+    def _add_queue(self, key: QueueKey, offset: int, end: int) -> None:
+        self.queues[key] = ProcessQueue(key[0], key[1], offset)  # no pull loop: poll pulls
 
     async def _apply(self, wanted: set[QueueKey]) -> None:
         await super()._apply(wanted)

@@ -4,7 +4,8 @@ A fixed small batch costs a round trip per few messages while a queue has a back
 one is pointless (and holds memory) at a steady trickle. So each queue's batch starts at `floor`,
 doubles after every pull that came back full while the broker still had more behind it (a backlog),
 up to `ceiling`, and halves after every pull that found the queue caught up (idle), back down to
-`floor`. A consumer given an explicit `pull_batch` keeps that fixed size instead.
+`floor`. A queue's first pull may start at its known backlog instead (`expect`: the consumer
+learns it with the start offset). A consumer given an explicit `pull_batch` keeps that fixed size instead.
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ class AdaptivePullBatch:
         self.ceiling = max(self.floor, ceiling)
         self.size = self.floor
         self.peak = self.floor
+
+    def expect(self, backlog: int) -> int:
+        """Before the first pull of a queue known to hold `backlog` messages past the start: ask
+        for all of them at once (within floor..ceiling) rather than growing from the floor."""
+        self.size = min(self.ceiling, max(self.floor, backlog))
+        self.peak = max(self.peak, self.size)
+        return self.size
 
     def update(self, count: int, next_offset: int, max_offset: int) -> int:
         """After a pull that returned `count` messages, with the queue's next offset to read and
