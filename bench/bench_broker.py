@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.answer_window import AnswerWindow  # noqa: E402
-from bench.counting import CountingHandler  # noqa: E402
 from tests.helpers.broker import BrokerProcess, free_port  # noqa: E402
+from tests.helpers.counting import CountingHandler  # noqa: E402
 
 
 def emit(result: dict) -> None:

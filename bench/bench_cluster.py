@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.answer_window import AnswerWindow  # noqa: E402
-from bench.counting import CountingHandler  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
+from tests.helpers.counting import CountingHandler  # noqa: E402
 from tests.helpers.nameserver import NameServerProcess, cluster_args  # noqa: E402
 
 NAMES = ("broker-a", "broker-b", "broker-c")

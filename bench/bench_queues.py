@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.answer_window import AnswerWindow  # noqa: E402
-from bench.counting import CountingHandler  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
+from tests.helpers.counting import CountingHandler  # noqa: E402
 
 CASES = [("1 topic x 4 queues", 1, 4), ("1 topic x 100 queues", 1, 100), ("1 topic x 1000 queues", 1, 1000),
          ("100 topics x 4 queues", 100, 4)]

@@ -91,9 +91,9 @@ def broker_child(count: int) -> None:
     import tempfile
     from pathlib import Path
 
-    from bench.counting import CountingHandler
     from equeue_core.client import Consumer, Message, Producer
     from tests.helpers.broker import BrokerProcess
+    from tests.helpers.counting import CountingHandler
 
     out = {"implementation": record.IMPLEMENTATION}
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,10 +3,9 @@ once the queue is caught up; an explicit pull_batch stays fixed."""
 
 from __future__ import annotations
 
-import threading
-
 from equeue_core.client import AdminClient, Consumer, Message, Producer
 from equeue_core.client.pull_batch import PULL_BATCH_CEILING, PULL_BATCH_FLOOR, AdaptivePullBatch
+from tests.helpers.counting import CountingHandler
 from tests.helpers.waiting import wait_until
 
 
@@ -27,18 +26,11 @@ def test_default_consumer_pulls_a_backlog_in_growing_batches_then_shrinks_when_i
     with Producer(file_broker.address) as p:
         for _ in range(10):
             p.send_batch([Message("backlog", b"x" * 100) for _ in range(1000)])
-    seen = 0
-    lock = threading.Lock()
-
-    def handler(m) -> None:
-        nonlocal seen
-        with lock:
-            seen += 1
-
+    counted = CountingHandler(0)
     c = Consumer("adaptive", file_broker.address, consume_from="first", hold_ms=200).subscribe("backlog")
-    c.start(handler)
+    c.start(counted)
     try:
-        assert wait_until(lambda: seen >= 10_000, timeout=120)
+        assert wait_until(lambda: counted.seen >= 10_000, timeout=120)
         assert c.stats["pull_batch_peak"] > PULL_BATCH_FLOOR  # grew on the backlog
         # caught up: every pull (held at most 200 ms) finds nothing more, so the batch halves back
         assert wait_until(lambda: c.pull_batches() == {("backlog", 0): PULL_BATCH_FLOOR}, timeout=60)
@@ -90,18 +82,11 @@ def test_a_consumer_reads_a_queue_of_100_messages_in_one_pull_not_growing_from_3
         admin.create_topic("hundred", 1)
     with Producer(file_broker.address) as p:
         p.send_batch([Message("hundred", b"z" * 10) for _ in range(100)])
-    seen = 0
-    lock = threading.Lock()
-
-    def handler(m) -> None:
-        nonlocal seen
-        with lock:
-            seen += 1
-
+    counted = CountingHandler(0)
     c = Consumer("hundred", file_broker.address, consume_from="first", hold_ms=20_000).subscribe("hundred")
-    c.start(handler)
+    c.start(counted)
     try:
-        assert wait_until(lambda: seen >= 100 and c.stats["pulls"] >= 2, timeout=60)
+        assert wait_until(lambda: counted.seen >= 100 and c.stats["pulls"] >= 2, timeout=60)
         assert c.stats["pulls"] == 2, f"{c.stats['pulls']} pulls for 100 messages in one queue"
     finally:
         c.close()

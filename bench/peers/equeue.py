@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.answer_window import AnswerWindow
-from bench.counting import CountingHandler
 from bench.peers.common import chunks, latency_ms, paced, rate_row, stamp, summary, warmup_body
+from tests.helpers.counting import CountingHandler
 
 SYSTEMS = ["equeue"]
 PRODUCE_MODES = ["batch", "async"]

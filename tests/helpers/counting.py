@@ -1,6 +1,6 @@
 """A consumer handler that counts what it is handed and says when it has seen enough: the one
-every drain measurement in bench/ uses (broker, cluster, queue-count and peers benchmarks)."""
-
+every drain measurement in bench/ (broker, cluster, queue-count and peers benchmarks) and the
+tests that count deliveries use."""
 from __future__ import annotations
 
 import threading
