@@ -11,6 +11,10 @@ A failed flush is not permanent: the waiters it could not serve get a StoreError
 sends work again without a restart. While it keeps failing every sync send fails at once with that
 error (no hanging). `failures` counts failed flushes; a store that keeps a checkpoint must not let
 one vouch for data a failed flush covered (FileMessageStore caps it, see its _flush_to_disk).
+
+Waking the thread is a raw lock used as a doorbell (released by `wait`, taken by the thread), not
+a threading.Condition: a flush=sync single send pays one wake-up per request, and a Condition's
+Python-level notify/wait (a new lock per wait, its own mutex) cost more broker CPU than the send.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ class Flusher:
         self._flush_fn = flush_fn
         self.mode = mode
         self.interval = interval_ms / 1000.0
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # guards _waiters and _stopping
+        self._bell = threading.Lock()  # held while nobody rang: the thread blocks taking it
+        self._bell.acquire()
         self._waiters: list[tuple[int, int, concurrent.futures.Future]] = []
         self._seq = itertools.count()
         self._written = 0
@@ -68,25 +74,31 @@ class Flusher:
         if end_position <= self.flushed:
             fut.set_result(None)
             return fut
-        with self._cond:
+        with self._lock:
             heapq.heappush(self._waiters, (end_position, next(self._seq), fut))
-            if self.mode == "sync":
-                self._cond.notify()
+        if self.mode == "sync":
+            self._ring()
         return fut
+
+    def _ring(self) -> None:
+        """Wake the thread (or make its next wait return at once)."""
+        try:
+            self._bell.release()
+        except RuntimeError:
+            pass  # rung already and not yet answered: the thread wakes anyway
 
     def _run(self) -> None:
         while True:
-            with self._cond:
-                if not self._stopping and not (self.mode == "sync" and self._waiters):
-                    self._cond.wait(self.interval if self.mode == "async" or not self._waiters else None)
-                stopping = self._stopping
+            if not self._stopping and not (self.mode == "sync" and self._waiters):
+                self._bell.acquire(timeout=self.interval if self.mode == "async" else -1)
+            stopping = self._stopping
             if self._written > self.flushed or self._waiters:
                 self._flush_once()
             if stopping:
                 return
 
     def _flush_once(self) -> None:
-        with self._cond:  # the waiters this attempt answers: any later one gets a fresh try
+        with self._lock:  # the waiters this attempt answers: any later one gets a fresh try
             attempt = self._waiters
             self._waiters = []
         try:
@@ -109,22 +121,25 @@ class Flusher:
             self.last_error = None
         self.flushed = max(self.flushed, flushed)
         done = []
-        with self._cond:
+        with self._lock:
             for item in attempt:
                 heapq.heappush(self._waiters, item)
             while self._waiters and self._waiters[0][0] <= self.flushed:
                 done.append(heapq.heappop(self._waiters)[2])
+        # The timing first, the waiters last: what a resolved waiter wakes (the broker's loop
+        # thread) needs the GIL this thread holds until it blocks again, so resolving them as
+        # the last thing before blocking makes the sync send wait least.
+        for observe in _flush_observers:
+            observe(elapsed)
         for fut in done:
             if not fut.done():
                 fut.set_result(None)
-        for observe in _flush_observers:  # after the waiters: timing never delays a sync send
-            observe(elapsed)
 
     def stop(self) -> None:
         """Flush what is written, resolve waiters, and end the thread."""
-        with self._cond:
+        with self._lock:
             self._stopping = True
-            self._cond.notify()
+        self._ring()
         if self._thread.is_alive():
             self._thread.join()
         else:

@@ -376,8 +376,41 @@ class Broker:
             # one wait per request for both: the local flush and the replicas' acknowledgements
             return self._send_acknowledged(frame, queue_id, result, arrived, replicated=True)
         if self.config.flush == "sync":
-            return self._send_acknowledged(frame, queue_id, result, arrived, replicated=False)
+            return self._send_when_durable(frame, queue_id, result, arrived)
         return self._send_answer(frame, queue_id, result, arrived)
+
+    def _send_when_durable(self, frame: Frame, queue_id: int, result, arrived: float) -> Frame | None | LateAnswer:
+        """flush=sync without sync replication: the answer once the store's flush covers the
+        batch (its error answer if that flush failed), given as a LateAnswer from the one
+        call_soon_threadsafe the flusher thread makes and written in that loop turn: a single
+        send pays no task, no coroutines, no asyncio future chained to the store's and no extra
+        loop turns (docs/benchmarks.md, "Single sends with flush=sync")."""
+        flushed = self.store.wait_flushed(result.end_position)
+        if flushed.done() and flushed.exception() is None:
+            return self._send_answer(frame, queue_id, result, arrived)
+        loop = asyncio.get_running_loop()
+        late = LateAnswer(loop)
+
+        def give(done) -> None:  # on the loop
+            if late.done():
+                return  # the connection went away
+            error = done.exception()
+            if error is None:
+                try:
+                    late.answer(self._send_answer(frame, queue_id, result, arrived))
+                except Exception as e:
+                    late.answer(self._failed(frame, e))
+            else:
+                late.answer(self._failed(frame, error))
+
+        def resolved(done) -> None:  # on the flusher thread
+            try:
+                loop.call_soon_threadsafe(give, done)
+            except RuntimeError:
+                pass  # the loop is closed: the broker stopped, nobody is left to answer
+
+        flushed.add_done_callback(resolved)
+        return late
 
     async def _send_acknowledged(self, frame: Frame, queue_id: int, result, arrived: float,
                                  replicated: bool) -> Frame | None:

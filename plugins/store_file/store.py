@@ -436,8 +436,8 @@ class FileMessageStore:
         Linux may drop the dirty pages of a failed fsync and report success on the next one, so a
         later success does not prove the earlier bytes reached the disk. The next open verifies everything
         past the cap (recovery scans from the checkpoint) instead of trusting it."""
-        ends = self._index_ends()
         checkpoint_due = time.monotonic() - self._last_checkpoint >= CHECKPOINT_EVERY_SECONDS
+        ends = self._index_ends() if checkpoint_due else None  # only a checkpoint needs them
         try:
             end = self.log.sync()
             checkpoint_due = checkpoint_due and end != self._checkpointed
