@@ -6,6 +6,7 @@ helper waits for its "listening" line, and stop()/kill() always reap the process
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -89,17 +90,29 @@ class BrokerProcess:
         raise RuntimeError(f"broker did not start; log: {self.log_path.read_text()[-3000:]}")
 
     def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM and wait: the broker flushes and persists offsets on the way out."""
+        """SIGTERM and wait: the broker flushes and persists offsets on the way out. Under a
+        `prefix` (strace) the broker itself gets the signal (its pid from broker.json), so the
+        wrapper ends with it instead of dying first and leaving the broker behind."""
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            if self.prefix:
+                self._signal_broker_itself(signal.SIGTERM)
+            else:
+                self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
         return self._reap()
+
+    def _signal_broker_itself(self, sig: int) -> None:
+        try:
+            pid = json.loads((self.data_dir / "broker.json").read_text())["pid"]
+            os.kill(pid, sig)
+        except (OSError, ValueError, KeyError):
+            self.proc.send_signal(sig)  # no broker.json (it never started): the wrapper
 
     def kill(self) -> int:
         """SIGKILL: a crash, nothing flushed on the way out."""
