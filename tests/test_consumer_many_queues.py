@@ -1,24 +1,56 @@
 """A consumer given many queues at once (1000 queues of one topic, or 100 topics): taking them must
-not cost a round trip per queue, and every queue must still start at its committed offset."""
+not cost a round trip per queue or per topic, and every queue must still start at its committed
+offset."""
 
 from __future__ import annotations
 
 import threading
 
+import pytest
+
 from equeue_core.client import AdminClient, Consumer, Message, Producer
+from equeue_core.client.connection import BrokerConnection
+from equeue_core.codes import Code
+from equeue_core.errors import EQueueError
 from tests.helpers.broker import BrokerProcess
 from tests.helpers.consume import Collector, consume
 
 QUEUES = 200
+TOPICS = 30
 
 
-def test_a_consumer_taking_many_queues_asks_their_start_offsets_pipelined_and_starts_each_at_its_commit(tmp_path):
-    """Before: one QUERY_OFFSET round trip per assigned queue, one after another (at most one in
-    flight: 1000 queues took ~0.5 s before the first pull of the last queue). Now they are asked
-    in windows; the offsets still land on the right queues: a second consumer of the group gets
-    exactly the messages sent after the first one committed."""
-    b = BrokerProcess(tmp_path / "data").start()
-    try:
+class RequestSpy:
+    """Counts the requests of each code the in-process clients make, and the most of one code in
+    flight at once; every request still goes to the real broker."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count: dict[int, int] = {}
+        self.in_flight: dict[int, int] = {}
+        self.peak: dict[int, int] = {}
+        self.lock = threading.Lock()
+        real = BrokerConnection.request
+        spy = self
+
+        async def request(conn, code, header=None, *args, **kwargs):
+            with spy.lock:
+                spy.count[code] = spy.count.get(code, 0) + 1
+                spy.in_flight[code] = spy.in_flight.get(code, 0) + 1
+                spy.peak[code] = max(spy.peak.get(code, 0), spy.in_flight[code])
+            try:
+                return await real(conn, code, header, *args, **kwargs)
+            finally:
+                with spy.lock:
+                    spy.in_flight[code] -= 1
+
+        monkeypatch.setattr(BrokerConnection, "request", request)
+
+
+def test_a_consumer_taking_many_queues_asks_their_start_offsets_in_one_request_and_starts_each_at_its_commit(
+        tmp_path, monkeypatch):
+    """Before: one QUERY_OFFSET per assigned queue (200 requests, 64 in flight at a time). Now
+    one request names every queue; the offsets still land on the right queues: a second consumer
+    of the group gets exactly the messages sent after the first one committed."""
+    with BrokerProcess(tmp_path / "data") as b:
         with AdminClient(b.address) as admin:
             admin.create_topic("many", QUEUES)
         with Producer(b.address) as p:
@@ -29,25 +61,9 @@ def test_a_consumer_taking_many_queues_asks_their_start_offsets_pipelined_and_st
             for i in range(60):  # spread over many queues by routing key
                 p.send(Message("many", f"new{i}".encode()), routing_key=f"k{i}")
 
-        in_flight = 0
-        peak = 0
-        lock = threading.Lock()
+        spy = RequestSpy(monkeypatch)
         col = Collector(60)
         c = Consumer("g", b.address, consume_from="first")
-        real = c._async._start_point
-
-        async def counted(topic: str, queue_id: int) -> tuple[int, int]:
-            nonlocal in_flight, peak
-            with lock:
-                in_flight += 1
-                peak = max(peak, in_flight)
-            try:
-                return await real(topic, queue_id)
-            finally:
-                with lock:
-                    in_flight -= 1
-
-        c._async._start_point = counted
         c.subscribe("many")
         c.start(col)
         try:
@@ -57,6 +73,48 @@ def test_a_consumer_taking_many_queues_asks_their_start_offsets_pipelined_and_st
             c.close()
         bodies = sorted(body.decode() for _t, _q, _o, body in col.items)
         assert bodies == sorted(f"new{i}" for i in range(60)), "a queue started before its committed offset"
-        assert peak > 1, "start offsets were asked one round trip at a time"
-    finally:
-        b.stop()
+        assert spy.count[Code.QUERY_OFFSET] == 1, f"{spy.count[Code.QUERY_OFFSET]} start-offset requests"
+
+
+def test_a_consumer_of_many_topics_asks_their_routes_together_not_one_after_another(tmp_path, monkeypatch):
+    """Before: a rebalance asked each subscribed topic's route in turn (100 topics: 100 round
+    trips before the first queue started). Now the routes are asked at once."""
+    with BrokerProcess(tmp_path / "data") as b:
+        with AdminClient(b.address) as admin:
+            for t in range(TOPICS):
+                admin.create_topic(f"t{t}", 2)
+        with Producer(b.address) as p:
+            for t in range(TOPICS):
+                p.send(Message(f"t{t}", b"x"))
+        spy = RequestSpy(monkeypatch)
+        col = Collector(TOPICS)
+        c = Consumer("g", b.address, consume_from="first")
+        for t in range(TOPICS):
+            c.subscribe(f"t{t}")
+        c.start(col)
+        try:
+            assert col.wait(60), f"got {len(col.items)} of {TOPICS}"
+        finally:
+            c.close()
+        assert sorted(t for t, *_ in col.items) == sorted(f"t{t}" for t in range(TOPICS))
+        assert spy.peak[Code.ROUTE] > 1, "routes were asked one round trip at a time"
+
+
+def test_query_offset_of_many_queues_answers_each_and_refuses_a_malformed_or_unknown_entry(tmp_path):
+    with BrokerProcess(tmp_path / "data") as b:
+        with AdminClient(b.address) as admin:
+            admin.create_topic("a", 2)
+            with Producer(b.address) as p:
+                p.send_batch([Message("a", b"x") for _ in range(3)], routing_key="k")
+            admin.request(Code.COMMIT_OFFSETS, {"group": "g", "offsets": [["a", 1, 1]]})
+            ranges = admin.request(Code.QUEUE_RANGES, {"topic": "a"})["ranges"]
+            points = admin.request(Code.QUERY_OFFSET, {"group": "g", "queues": [["a", 0], ["a", 1]]})["points"]
+            one = [admin.request(Code.QUERY_OFFSET, {"group": "g", "topic": "a", "queue_id": q}) for q in (0, 1)]
+            assert points == [[h["offset"], h["min_offset"], h["max_offset"]] for h in one]
+            assert [[lo, hi] for _o, lo, hi in points] == ranges
+            assert points[1][0] == 1
+            for queues, code in [([["a", 0], ["a"]], "protocol"), ("a", "protocol"),
+                                 ([["a", 0]] * 4097, "protocol"), ([["a", 0], ["nope", 0]], "topic_not_found")]:
+                with pytest.raises(EQueueError) as e:
+                    admin.request(Code.QUERY_OFFSET, {"group": "g", "queues": queues})
+                assert e.value.code == code, e.value

@@ -65,6 +65,9 @@ def _int(header: dict, key: str, default: Any = ...) -> int:
     return v
 
 
+MAX_QUERIED_QUEUES = 4096  # queues one QUERY_OFFSET may ask about (4x the most a topic has)
+
+
 def _str(header: dict, key: str) -> str:
     v = header.get(key)
     if not isinstance(v, str):
@@ -561,12 +564,31 @@ class Broker:
         return self.query_offset_now(conn, frame)
 
     def query_offset_now(self, conn: ServerConnection, frame: Frame) -> Frame:
+        """One queue (`topic`, `queue_id`), or many at once (`queues`: a consumer that is given
+        1000 queues learns where to start them all in one round trip, not 1000)."""
         h = frame.header
-        group, topic, queue_id = _str(h, "group"), _str(h, "topic"), _int(h, "queue_id")
+        group = _str(h, "group")
+        if "queues" not in h:
+            topic, queue_id = _str(h, "topic"), _int(h, "queue_id")
+            offset, lo, hi = self._offset_point(group, topic, queue_id)
+            return frame.response({"offset": offset, "min_offset": lo, "max_offset": hi})
+        queues = h["queues"]
+        if not isinstance(queues, list) or len(queues) > MAX_QUERIED_QUEUES:
+            raise ProtocolError(f"header field 'queues' must be a list of at most {MAX_QUERIED_QUEUES} "
+                                "[topic, queue_id] pairs")
+        points = []
+        for entry in queues:
+            if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+                    and isinstance(entry[1], int) and not isinstance(entry[1], bool)):
+                raise ProtocolError("each entry of 'queues' must be [topic, queue_id]")
+            points.append(list(self._offset_point(group, entry[0], entry[1])))
+        return frame.response({"points": points})
+
+    def _offset_point(self, group: str, topic: str, queue_id: int) -> tuple[int | None, int, int]:
+        """(the group's committed offset or None, the queue's min offset, its max offset)."""
         self.topics.check_queue(topic, queue_id)
         lo, hi = self.store.queue_range(topic, queue_id)
-        return frame.response({"offset": self.offsets.get(group, topic, queue_id),
-                               "min_offset": lo, "max_offset": hi})
+        return self.offsets.get(group, topic, queue_id), lo, hi
 
     async def on_skip_record(self, conn: ServerConnection, frame: Frame) -> Frame:
         """Admin: move a group past one record (a corrupt one its consumers cannot read), by

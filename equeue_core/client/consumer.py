@@ -50,7 +50,7 @@ log = logging.getLogger("equeue.consumer")
 
 MiB = 1024 * 1024
 QueueKey = tuple[str, int]
-START_OFFSET_WINDOW = 64  # start offsets asked at once when queues are assigned (_apply)
+START_OFFSET_WINDOW = 1024  # queues whose start points one QUERY_OFFSET asks (_apply); broker max 4096
 
 
 def parse_expression(expression: str) -> tuple[frozenset[str] | None, list[int] | None]:
@@ -257,12 +257,16 @@ class AsyncConsumer:
                 if self.client_id not in self._members:
                     await self._heartbeat()
             wanted: set[QueueKey] = set()
-            for topic in self._all_topics():
-                try:
-                    n = (await self._conn.request(Code.ROUTE, {"topic": topic})).header["queues"]
-                except TopicNotFoundError:
+            topics = list(self._all_topics())
+            # every topic's route at once (pipelined): 100 topics cost one round trip, not 100
+            routes = await asyncio.gather(*(self._conn.request(Code.ROUTE, {"topic": t}) for t in topics),
+                                          return_exceptions=True)
+            for topic, route in zip(topics, routes, strict=True):
+                if isinstance(route, TopicNotFoundError):
                     continue
-                queues = [(topic, q) for q in range(n)]
+                if isinstance(route, BaseException):
+                    raise route
+                queues = [(topic, q) for q in range(route.header["queues"])]
                 if self.mode == "broadcasting":
                     wanted.update(queues)
                 else:
@@ -274,12 +278,11 @@ class AsyncConsumer:
         for key in sorted(set(self.queues) - wanted):
             await self._drop_queue(key)
         added = sorted(wanted - set(self.queues))
-        # The start offsets are asked START_OFFSET_WINDOW at a time (pipelined on the connection:
-        # 1000 queues cost ~16 round trips, not 1000); the queues' pull loops then start one
-        # after another (_add_queue).
+        # The start points are asked START_OFFSET_WINDOW queues per request (one round trip for
+        # up to 1024 queues, not one each); the queues' pull loops then start one after another.
         for i in range(0, len(added), START_OFFSET_WINDOW):
             window = added[i:i + START_OFFSET_WINDOW]
-            points = await asyncio.gather(*(self._start_point(t, q) for t, q in window))
+            points = await self._start_points(window)
             for key, (offset, end) in zip(window, points, strict=True):
                 self._add_queue(key, offset, end)
         if added or len(wanted) != len(self.queues):
@@ -290,29 +293,34 @@ class AsyncConsumer:
             await self._heartbeat()
 
     async def _start_offset(self, topic: str, queue_id: int) -> int:
-        return (await self._start_point(topic, queue_id))[0]
+        return (await self._start_points([(topic, queue_id)]))[0][0]
 
-    async def _start_point(self, topic: str, queue_id: int) -> tuple[int, int]:
-        """(the offset this consumer starts the queue at, the queue's end offset when asked)."""
+    async def _start_points(self, keys: list[QueueKey]) -> list[tuple[int, int]]:
+        """Per queue: (the offset this consumer starts it at, its end offset when asked); all of
+        them asked of the broker in one QUERY_OFFSET."""
         assert self._conn is not None
-        if self.mode == "broadcasting":
-            local = self._load_local_offsets().get(f"{topic}:{queue_id}")
-            h = (await self._conn.request(Code.QUERY_OFFSET, {"group": self.group, "topic": topic,
-                                                               "queue_id": queue_id})).header
-            if local is not None:
-                return max(int(local), h["min_offset"]), h["max_offset"]
-        else:
-            h = (await self._conn.request(Code.QUERY_OFFSET, {"group": self.group, "topic": topic,
-                                                               "queue_id": queue_id})).header
-            if h["offset"] is not None:
-                return max(h["offset"], h["min_offset"]), h["max_offset"]
+        answer = await self._conn.request(Code.QUERY_OFFSET, {"group": self.group,
+                                                              "queues": [[t, q] for t, q in keys]})
+        asked = answer.header["points"]
+        local = self._load_local_offsets() if self.mode == "broadcasting" else {}
+        return [await self._start_from(t, q, committed, lo, hi, local.get(f"{t}:{q}"))
+                for (t, q), (committed, lo, hi) in zip(keys, asked, strict=True)]
+
+    async def _start_from(self, topic: str, queue_id: int, committed: int | None, lo: int, hi: int,
+                          local: int | None) -> tuple[int, int]:
+        """Where a queue starts: the group's committed offset (broadcasting: this consumer's own
+        local one), else `consume_from`; never below the queue's min offset."""
+        mine = local if self.mode == "broadcasting" else committed
+        if mine is not None:
+            return max(int(mine), lo), hi
         if topic.startswith(RETRY_PREFIX) or self.consume_from == "first":
-            return h["min_offset"], h["max_offset"]
+            return lo, hi
         if self.consume_from == "last":
-            return h["max_offset"], h["max_offset"]
+            return hi, hi
+        assert self._conn is not None
         at = await self._conn.request(Code.OFFSET_FOR_TIME, {"topic": topic, "queue_id": queue_id,
                                                              "ts_ms": int(self.consume_from)})
-        return at.header["offset"], h["max_offset"]
+        return at.header["offset"], hi
 
     def _add_queue(self, key: QueueKey, offset: int, end: int) -> None:
         """Take a queue at `offset`; its first pull asks for the backlog seen then (`end - offset`,
