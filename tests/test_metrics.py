@@ -182,8 +182,13 @@ def test_nameserver_metrics_follow_registrations_and_route_queries(tmp_path):
             with Producer(broker.address) as p:
                 p.send(Message("metered", b"x"))
             with NameServerClient(ns.address) as client:
-                wait_for(lambda: "broker-a" in {b.name for b in client.get_route("metered").brokers}, timeout=20,
-                         what="the route of the new topic")
+                def routed() -> bool:  # not found until the broker's registration names the topic
+                    try:
+                        return "broker-a" in {b.name for b in client.get_route("metered").brokers}
+                    except TopicNotFoundError:
+                        return False
+
+                wait_for(routed, timeout=20, what="the route of the new topic")
                 with pytest.raises(TopicNotFoundError):
                     client.get_route("nowhere")
             m = scrape(port)
