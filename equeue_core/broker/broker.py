@@ -656,7 +656,7 @@ class Broker:
         """Scan the newest `scan_limit` messages of each queue of a topic for a key (a scan, not
         an index: cost grows with scan_limit). Returns (matching records newest first, scanned)."""
         key_b = key.encode()
-        found: list[tuple[int, bytes]] = []
+        found: list[tuple[tuple[int, int], bytes]] = []
         scanned = 0
         for q in range(self.topics.queues(topic)):
             lo, hi = self.store.queue_range(topic, q)
@@ -676,7 +676,9 @@ class Broker:
                         start = s + record.HEADER_SIZE + f[12] + f[13]
                         raw = bytes(buf[start:start + klen])
                         if key_b in raw and key in raw.decode().split(record.KEY_SEPARATOR):
-                            found.append((f[10], bytes(buf[s:s + f[0]])))
+                            # store time (ms), then log position: records stored in the same
+                            # millisecond still come newest first
+                            found.append(((f[10], f[5]), bytes(buf[s:s + f[0]])))
                 if res.next_offset <= off:
                     break
                 off = res.next_offset
