@@ -5,13 +5,14 @@ offset."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from equeue_core.client import AdminClient, Consumer, Message, Producer
 from equeue_core.client.connection import BrokerConnection
 from equeue_core.codes import Code
-from equeue_core.errors import EQueueError
+from equeue_core.errors import ConfigError, EQueueError
 from tests.helpers.broker import BrokerProcess
 from tests.helpers.consume import Collector, consume
 
@@ -118,3 +119,91 @@ def test_query_offset_of_many_queues_answers_each_and_refuses_a_malformed_or_unk
                 with pytest.raises(EQueueError) as e:
                     admin.request(Code.QUERY_OFFSET, {"group": "g", "queues": queues})
                 assert e.value.code == code, e.value
+
+
+class BufferedProbe(Collector):
+    """A Collector that also records, at every message it handles, how many messages the consumer
+    holds pulled and unfinished over all its queues (read from the handler thread: a moment stale,
+    which is fine for a peak)."""
+
+    def __init__(self, expected: int) -> None:
+        super().__init__(expected)
+        self.consumer: Consumer | None = None
+        self.peak_buffered = 0
+
+    def __call__(self, m) -> None:
+        assert self.consumer is not None
+        held = sum(pq.count for pq in list(self.consumer._async.queues.values()))
+        self.peak_buffered = max(self.peak_buffered, held)
+        super().__call__(m)
+
+
+def _catch_up(address: str, group: str, expected: int, **options) -> tuple[BufferedProbe, dict[str, int]]:
+    probe = BufferedProbe(expected)
+    c = Consumer(group, address, consume_from="first", **options)
+    probe.consumer = c
+    c.subscribe("backlog")
+    c.start(probe)
+    try:
+        assert probe.wait(60), f"got {len(probe.items)} of {expected}"
+        return probe, dict(c.stats)
+    finally:
+        c.close()
+
+
+def test_a_consumer_catching_up_on_many_queues_holds_at_most_max_backlog_queues_of_them_at_once(tmp_path):
+    """Before: every queue with a backlog was pulled at once, so the consumer held every queue's
+    pull (and the broker built every answer) before a handler reached the first. Now only
+    max_backlog_queues queues catch up at a time: what the consumer holds stays within their flow
+    limits, and every message still arrives once."""
+    queues, per_queue, flow = 40, 60, 50
+    with BrokerProcess(tmp_path / "data") as b:
+        with AdminClient(b.address) as admin:
+            admin.create_topic("backlog", queues)
+        with Producer(b.address) as p:
+            for q in range(queues):
+                p.send_batch([Message("backlog", f"{q}-{i}".encode()) for i in range(per_queue)],
+                             routing_key=f"key{q}")
+        total = queues * per_queue
+        limited, stats = _catch_up(b.address, "limited", total, max_backlog_queues=3, flow_max_messages=flow)
+        assert sorted(body for *_x, body in limited.items) == sorted(
+            f"{q}-{i}".encode() for q in range(queues) for i in range(per_queue))
+        # each of the 3 queues catching up holds at most its flow limit plus one pull (half of it);
+        # a queue gives its slot up only once everything it pulled was handled
+        assert limited.peak_buffered <= 3 * (flow + flow // 2), limited.peak_buffered
+        assert 1 <= stats["backlog_queues_peak"] <= 3
+        # the same backlog without the limit: every queue pulls at once (the measure is real)
+        free, stats = _catch_up(b.address, "free", total, max_backlog_queues=1000, flow_max_messages=flow)
+        assert stats["backlog_queues_peak"] > 3
+        assert free.peak_buffered > limited.peak_buffered
+
+
+def test_a_held_pull_of_a_caught_up_queue_never_keeps_a_queue_with_messages_waiting(tmp_path):
+    """With one backlog slot, the caught-up queues' pulls (held at the broker for hold_ms) must not
+    take it: messages that arrive in two queues while every queue's pull is held are all consumed
+    long before any hold would expire."""
+    with BrokerProcess(tmp_path / "data") as b:
+        with AdminClient(b.address) as admin:
+            admin.create_topic("backlog", 4)
+        col = Collector(2 * 600)
+        c = Consumer("g", b.address, consume_from="first", max_backlog_queues=1, hold_ms=30000)
+        c.subscribe("backlog")
+        c.start(col)
+        try:
+            deadline = time.monotonic() + 30
+            while len(c.assigned_queues()) < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)  # every queue's first pull is held at the broker now
+            with Producer(b.address) as p:
+                for q in (0, 1):  # more than the first pull takes: the next pulls need the slot
+                    p.send_batch([Message("backlog", f"{q}-{i}".encode()) for i in range(600)],
+                                 routing_key=f"key{q}")
+            assert col.wait(20), f"got {len(col.items)} of 1200: a held pull kept the backlog slot"
+        finally:
+            c.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "8"])
+def test_max_backlog_queues_must_be_a_whole_number_of_at_least_one(bad):
+    with pytest.raises(ConfigError, match="max_backlog_queues"):
+        Consumer("g", "127.0.0.1:1", max_backlog_queues=bad)

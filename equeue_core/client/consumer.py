@@ -64,6 +64,45 @@ def parse_expression(expression: str) -> tuple[frozenset[str] | None, list[int] 
     return tags, sorted(record.tag_hash(t) for t in tags)
 
 
+class _BacklogSlot:
+    """One of a consumer's `max_backlog_queues` slots, held by a queue's pull loop from its first
+    pull of a known backlog (`ProcessQueue.behind`: the start point or the last answer said more
+    is stored) until the pull that caught it up was handled. Only that many queues catch up at
+    once; the others wait their turn (in order) before pulling.
+
+    Why: a consumer that catches up on 1000 queues pulled every queue at once. The broker built
+    every answer (up to its per-connection budget, 64 MiB) before the socket took the first, and
+    the consumer held every queue's answer (up to flow_max_messages each) before a handler thread
+    reached it: fresh memory on both ends and page faults instead of work (docs/benchmarks.md,
+    "Queue count, third pass"). What a consumer buffers while catching up is now about
+    max_backlog_queues * flow_max_messages, whatever the queue count.
+
+    A caught-up queue never takes a slot, so its held pull (the broker keeps it until messages
+    come) never keeps a queue with messages waiting; a queue with a slot asks only for messages
+    that are stored (answered at once), so the slot always moves on.
+    Orderly consumers do not use slots (a queue there waits for its lock, which may not come)."""
+
+    __slots__ = ("_consumer", "held")
+
+    def __init__(self, consumer: AsyncConsumer) -> None:
+        self._consumer = consumer
+        self.held = False
+
+    async def take(self) -> None:
+        c = self._consumer
+        await c._backlog_slots.acquire()
+        self.held = True
+        c._backlog_held += 1
+        if c._backlog_held > c.stats["backlog_queues_peak"]:
+            c.stats["backlog_queues_peak"] = c._backlog_held
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self._consumer._backlog_held -= 1
+            self._consumer._backlog_slots.release()
+
+
 class AsyncConsumer:
     """`AsyncConsumer(group, broker="h:p")` consumes from one broker; `AsyncConsumer(group,
     nameserver="h:p,h:p")` gives an AsyncClusterConsumer over every broker of a cluster."""
@@ -84,7 +123,7 @@ class AsyncConsumer:
                  commit_interval: float = 5.0, lock_interval: float = 20.0, suspend_seconds: float = 1.0,
                  offset_dir: str = ".equeue-offsets", client_id: str | None = None,
                  flow_max_messages: int = 1000, flow_max_bytes: int = 100 * MiB, flow_max_span: int = 2000,
-                 hold_ms: int = 15000, parallel_per_queue: int = 1,
+                 hold_ms: int = 15000, parallel_per_queue: int = 1, max_backlog_queues: int | None = None,
                  corrupt_recheck_max: float = 10.0, nameserver: None = None,
                  access_key: str | None = None, secret_key: str | None = None, tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None,
@@ -122,6 +161,14 @@ class AsyncConsumer:
         self.flow = (flow_max_messages, flow_max_bytes, flow_max_span)
         self.hold_ms = hold_ms
         self.parallel_per_queue = max(1, parallel_per_queue)
+        if max_backlog_queues is None:
+            max_backlog_queues = max(16, 2 * threads)
+        if isinstance(max_backlog_queues, bool) or not isinstance(max_backlog_queues, int) or max_backlog_queues < 1:
+            raise ConfigError(f"max_backlog_queues must be a whole number >= 1, not {max_backlog_queues!r}")
+        # How many queues catch up on a backlog at once (_BacklogSlot); caught-up queues pull freely
+        self.max_backlog_queues = max_backlog_queues
+        self._backlog_slots = asyncio.Semaphore(max_backlog_queues)
+        self._backlog_held = 0
         self.subscriptions: dict[str, str] = {}
         self._filters: dict[str, tuple[frozenset[str] | None, list[int] | None]] = {}
         self.queues: dict[QueueKey, ProcessQueue] = {}
@@ -142,7 +189,8 @@ class AsyncConsumer:
         # any more (read by worker threads before each call), so what stays unhandled stays
         # uncommitted.
         self._handing_out = False
-        self.stats = {"handled": 0, "failed": 0, "sent_back": 0, "pulls": 0, "corrupt": 0, "pull_batch_peak": 0}
+        self.stats = {"handled": 0, "failed": 0, "sent_back": 0, "pulls": 0, "corrupt": 0, "pull_batch_peak": 0,
+                      "backlog_queues_peak": 0}
         self.corrupt_recheck_max = corrupt_recheck_max  # at most this many s between checks for a skip
         # Set by a ClusterConsumer (client/cluster_consumer.py) that runs this consumer as its part
         # on one broker: the coordinator then decides the queues (over every broker) and is told
@@ -328,6 +376,7 @@ class AsyncConsumer:
         is read in one pull, not four (32, 64, then the rest)."""
         topic, q = key
         pq = ProcessQueue(topic, q, offset)
+        pq.behind = end > offset
         if self.pull_batch is None:
             self._pull_batch_of(pq).expect(end - offset)
         pq.last_committed = pq.next_offset
@@ -405,6 +454,13 @@ class AsyncConsumer:
     # ---------------------------------------------------------------- pulling
 
     async def _pull_loop(self, pq: ProcessQueue) -> None:
+        slot = _BacklogSlot(self)
+        try:
+            await self._pull_queue(pq, slot)
+        finally:
+            slot.release()
+
+    async def _pull_queue(self, pq: ProcessQueue, slot: _BacklogSlot) -> None:
         assert self._conn is not None
         tags, hashes = self._filters.get(pq.topic, (None, None))
         batch = self._pull_batch_of(pq)
@@ -418,6 +474,16 @@ class AsyncConsumer:
             if pq.is_full(*self.flow) or (self.orderly and not pq.holds_lock()):
                 await pq.wait_change(0.5, self._collect)
                 continue
+            if not self.orderly and (pq.behind or slot.held):
+                if pq.behind:
+                    if not slot.held:
+                        await slot.take()
+                        continue  # look again: the queue may be gone or full by now
+                elif pq.count:  # its backlog's last pull is still being handled: keep the slot
+                    await pq.wait_change(0.5, self._collect)
+                    continue
+                else:
+                    slot.release()
             epoch = pq.lock_epoch
             self.stats["pulls"] += 1
             try:
@@ -450,6 +516,7 @@ class AsyncConsumer:
             if pq.lock_epoch != epoch:  # pulled under a lock that is gone since: void
                 continue
             h = resp.header
+            pq.behind = h.get("max_offset", 0) > h["next_offset"]
             if self.pull_batch is None and "max_offset" in h:
                 if batch.update(h["count"], h["next_offset"], h["max_offset"]) > self.stats["pull_batch_peak"]:
                     self.stats["pull_batch_peak"] = batch.size

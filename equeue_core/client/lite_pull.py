@@ -136,7 +136,7 @@ class _Membership(AsyncConsumer):
 PUSH_CONSUMER_ONLY = ("nameserver", "mode", "orderly", "consume_batch_size", "threads",
                       "max_reconsume_times", "consume_timeout", "commit_interval", "lock_interval",
                       "offset_dir", "flow_max_messages", "flow_max_bytes", "flow_max_span",
-                      "parallel_per_queue")
+                      "parallel_per_queue", "max_backlog_queues")
 
 
 async def _no_handler(*_: object) -> None:  # the membership never pulls, so never calls it

@@ -45,6 +45,7 @@ class ProcessQueue:
         self.last_committed: int | None = None
         self.parked_at: int | None = None  # stopped at this offset: a corrupt record (consumer._park)
         self.pull_batch: AdaptivePullBatch | None = None  # made by the consumer on first use
+        self.behind = False  # the broker said more is stored past next_offset (last pull or start point)
         # Set whenever something changes that a waiting loop may care about (messages handled,
         # messages arrived, lock gained, queue dropped): loops wait on it instead of polling.
         self.changed = asyncio.Event()
