@@ -48,7 +48,7 @@ RING_PAGE = 64 * 1024                   # ring slots: each remembers which posit
 DEFAULT_MAP_LOW_BYTES = 1 << 30         # above this, chunks idle for MAP_IDLE_SECONDS are unmapped
 DEFAULT_MAP_HIGH_BYTES = 4 << 30        # above this, no new chunk is mapped (reads use pread)
 MAP_IDLE_SECONDS = 5.0
-CHECKPOINT_EVERY_SECONDS = 1.0          # the flusher rewrites the checkpoint at most this often
+CHECKPOINT_EVERY_SECONDS = 1.0          # the checkpointer thread rewrites the checkpoint this often
 
 
 def file_name(number: int) -> str:

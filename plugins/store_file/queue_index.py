@@ -320,7 +320,7 @@ class FileQueueIndex:
 
     # ------------------------------------------------------------ durability
     def flush(self) -> None:
-        """fsync every index file written since the last flush (runs on the flusher thread)."""
+        """fsync every index file written since the last flush (runs on the file store's checkpointer thread, and at close)."""
         if self.read_only or self._closed:
             return
         with self._lock:
@@ -342,7 +342,7 @@ class FileQueueIndex:
                         os.fdatasync(fd)
                     except OSError as e:
                         # EBADF: closed by truncate/reset in the meantime, which fsynced it. Any
-                        # other error (EIO, ENOSPC) must reach the flusher, so no checkpoint
+                        # other error (EIO, ENOSPC) must reach the checkpoint round, so no checkpoint
                         # vouches for these entries.
                         if e.errno != errno.EBADF:
                             raise

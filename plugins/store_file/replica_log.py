@@ -156,7 +156,8 @@ class FileReplicaLog:
             clog.truncate_files(position)
             index.flush()
             index.sync_all()
-            store._durable = min(store._durable, position)
+            with store._durability_lock:
+                store._durable = min(store._durable, position)
             store._flusher.flushed = min(store._flusher.flushed, position)
             store._flusher.written(position)
             write_atomic(os.path.join(store.data_dir, CHECKPOINT), pack_checkpoint(position, index.ends()))

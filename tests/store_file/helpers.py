@@ -65,7 +65,10 @@ def read_all(store: FileMessageStore, topic: str = "t", queue_id: int = 0) -> li
 
 def crash(store: FileMessageStore) -> None:
     """Leave the store as a killed process would: files as written, abort marker kept."""
-    # end the flusher thread without its final flush/checkpoint: a killed process gets neither
+    # end the checkpointer and the flusher without a final flush/checkpoint: a killed process
+    # gets neither
+    store._stop_checkpoints.set()
+    store._checkpointer.join()
     store._flusher._flush_fn = lambda: 0
     store._flusher.stop()
     store.log.close()

@@ -1,16 +1,20 @@
-"""A flush round fsyncs the index only when it writes the checkpoint.
+"""The flusher fsyncs the log only; the checkpointer fsyncs the index before each checkpoint.
 
 A flush=sync send is durable once its record is in the fsynced log; its index entry is derived
-data that recovery rebuilds from the log past the checkpoint. So rounds between checkpoints fsync
-the log alone (one fsync per sync send instead of two), and a checkpoint round fsyncs the index
-before the checkpoint vouches for it. The second test is the crash that relies on: index writes
-made after the checkpoint are lost, every acknowledged record is still served at its offset.
+data that recovery rebuilds from the log past the checkpoint. So a sync send waits for one fsync
+(the log's), never for the index: a checkpoint round, on its own thread, fsyncs the index before
+the checkpoint vouches for it, and sends go on meanwhile. One test is the crash that relies on
+this: index writes made after the checkpoint are lost, every acknowledged record is still served
+at its offset.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 
+import pytest
 from equeue_plugins.store_file import store as store_module
 from equeue_plugins.store_file.constants import CHECKPOINT, INDEX_DIR
 from equeue_plugins.store_file.recovery import read_checkpoint_queues
@@ -39,11 +43,11 @@ def test_sync_sends_between_checkpoints_fsync_the_log_only(tmp_path, monkeypatch
     assert not index_fds(store) & set(synced), "the index was fsynced in a round without a checkpoint"
     assert store.log._fd in synced
 
-    # a checkpoint round fsyncs the index before writing the checkpoint
+    # a checkpoint round (the checkpointer thread's) fsyncs the index before writing the checkpoint
     synced.clear()
-    monkeypatch.setattr(store_module, "CHECKPOINT_EVERY_SECONDS", 0.0)
     checkpointed = store._checkpointed
     store.wait_flushed(append(store, 5).end_position).result(timeout=30)
+    assert store._checkpoint_round()
     assert index_fds(store) <= set(synced)
     assert store._checkpointed > checkpointed
     monkeypatch.undo()
@@ -89,8 +93,6 @@ def test_a_failed_index_fsync_keeps_the_checkpoint_below_index_entries_never_fsy
     written since the last round whose index fsync worked (their pages may be gone)."""
     from equeue_plugins.store_file.recovery import read_checkpoint
 
-    from equeue_core.errors import StoreError
-
     from .test_flush_errors import failing_index_fd
 
     monkeypatch.setattr(store_module, "CHECKPOINT_EVERY_SECONDS", 3600.0)
@@ -98,21 +100,65 @@ def test_a_failed_index_fsync_keeps_the_checkpoint_below_index_entries_never_fsy
     good = read_checkpoint(str(tmp_path / CHECKPOINT))
     a = append(store, 3)
     store.wait_flushed(a.end_position).result(timeout=30)  # log only: a's index entries not fsynced
-    monkeypatch.setattr(store_module, "CHECKPOINT_EVERY_SECONDS", 0.0)
     b = append(store, 2)
     with failing_index_fd(store) as q:
         q.dirty = True
-        try:
-            store.wait_flushed(b.end_position).result(timeout=30)
-        except StoreError:
-            pass
-        else:
-            raise AssertionError("the failed index fsync was not reported")
+        with pytest.raises(OSError):
+            store._checkpoint_round()
+        # b's records are in the fsynced log: the failed index fsync does not fail its sends
+        store.wait_flushed(b.end_position).result(timeout=30)
     c = append(store, 2)
-    store.wait_flushed(c.end_position).result(timeout=30)  # works again
+    store.wait_flushed(c.end_position).result(timeout=30)
+    assert store._checkpoint_round()  # works again
     assert read_checkpoint(str(tmp_path / CHECKPOINT)) == good, "a checkpoint vouched for unsynced index entries"
     monkeypatch.undo()
     store.close()
     store, report = open_store(tmp_path)
     assert [m.queue_offset for m in read_all(store)] == list(range(7))
+    store.close()
+
+
+def test_a_sync_send_never_waits_for_a_checkpoint_round_stuck_in_the_index_fsync(tmp_path, monkeypatch) -> None:
+    """Before: the checkpoint round ran inside a flush, so every flush=sync send waited for the
+    index fsyncs (1000 written queues: 1000 fdatasyncs, ~0.2 s here, once a second). Here the
+    index fsync of a checkpoint round is held (a slow disk) and sync sends are still answered."""
+    monkeypatch.setattr(store_module, "CHECKPOINT_EVERY_SECONDS", 0.05)
+    store, _ = open_store(tmp_path, flush="sync")
+    entered = threading.Event()
+    release = threading.Event()
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:  # the index's descriptors wait for `release`, then sync
+        if fd in index_fds(store):
+            entered.set()
+            release.wait(60)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    try:
+        first = append(store, 3)
+        store.wait_flushed(first.end_position).result(timeout=30)
+        sent = 3
+        for _ in range(200):  # sync sends until a checkpoint round is stuck in the index fsync
+            if entered.is_set():
+                break
+            store.wait_flushed(append(store, 1, first_number=sent).end_position).result(timeout=10)
+            sent += 1
+            time.sleep(0.01)
+        assert entered.is_set(), "no checkpoint round fsynced the index"
+        for _ in range(5):  # the round is stuck meanwhile; these sends are answered all the same
+            store.wait_flushed(append(store, 2, first_number=sent).end_position).result(timeout=10)
+            sent += 2
+        assert store._checkpointed < first.end_position, "the stuck round wrote its checkpoint"
+    finally:
+        release.set()
+    for _ in range(200):  # at most ~10 s
+        if store._checkpointed >= first.end_position:
+            break
+        time.sleep(0.05)
+    assert store._checkpointed >= first.end_position, "the round did not finish once the disk answered"
+    monkeypatch.undo()
+    store.close()
+    store, _ = open_store(tmp_path)
+    assert [m.queue_offset for m in read_all(store)] == list(range(sent))
     store.close()
