@@ -11,7 +11,13 @@ case's topics), `consume_start_s` (from Consumer.start until it holds every queu
 asked, pull loops begun) and `consume_steady_msgs_per_s` (the rate after that; null when the
 consumer was done before it held its last queue). `cpu_us_per_msg` is CPU time per message of the
 producer, consumer and broker (utime + stime from /proc): what to compare on a loaded machine,
-where the rates swing with the other processes.
+where the rates swing with the other processes. `broker_minor_faults_consume` counts the pages the
+broker touched for the first time while the consumer drained the case (answers built into fresh
+memory).
+
+Then (`--sync-seconds`, default 3 s each) `Producer.send` one by one against a flush=sync broker
+over 4 and over 1000 queues: rate and latency percentiles (bench "sync_sends"); the tail shows any
+work a send waits for that grows with the queue count.
 
     .venv/bin/python -m bench.bench_queues                 # 100k messages a case
     .venv/bin/python -m bench.bench_queues --count 20000 --connections 200
@@ -51,6 +57,12 @@ def rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def minor_faults(pid: int) -> int:
+    """Minor page faults of a process so far (/proc/<pid>/stat): memory it touched for the first
+    time, e.g. answers built into fresh pages."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -139,9 +151,11 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int) -> d
         cpu1 = cpu_seconds(pid)
         rss_produced = settled_rss_kb(pid)
         cpu2 = cpu_seconds(pid)
+        faults2 = minor_faults(pid)
         cons = _child(["consume", b.address, ",".join(topics), str(count), str(tmp / f"offsets-{label}"),
                        str(total)])
         cpu3 = cpu_seconds(pid)
+        faults3 = minor_faults(pid)
         rss_consumed = settled_rss_kb(pid)
         us = 1e6 / count
         return {"bench": "queues", "case": label, "topics": n_topics, "queues_per_topic": queues,
@@ -154,11 +168,45 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int) -> d
                                    "broker_produce": round((cpu1 - cpu0) * us, 2),
                                    "consumer": round(cons["cpu_seconds"] * us, 2),
                                    "broker_consume": round((cpu3 - cpu2) * us, 2)},
+                "broker_minor_faults_consume": faults3 - faults2,
                 "consumed": cons["count"], "rss_mb_start": round(rss_start / 1024, 1),
                 "rss_mb_after": round(rss_consumed / 1024, 1),
                 "rss_kb_per_queue_created": round((rss_created - rss_start) / total, 2),
                 "rss_kb_per_queue_used": round((rss_consumed - rss_start) / total, 2),
                 "rss_mb_after_produce": round(rss_produced / 1024, 1)}
+    finally:
+        b.stop()
+
+
+def run_sync_sends(tmp: Path, queues: int, seconds: float) -> dict:
+    """`Producer.send` one by one for `seconds` against a flush=sync broker, spread over `queues`
+    queues (so that many index files are written): the rate and the latency percentiles. The tail
+    shows whether a send waits for work that grows with the queue count (a checkpoint's index
+    fsyncs did, once a second)."""
+    from equeue_core.client import AdminClient, Message, Producer
+
+    b = BrokerProcess(tmp / f"data-sync-{queues}", flush="sync").start()
+    try:
+        with AdminClient(b.address) as admin:
+            admin.create_topic("sync", queues=queues)
+        lats: list[float] = []
+        with Producer(b.address) as p:
+            for q in range(queues):  # every queue written once first: its files exist
+                p.send(Message("sync", b"x" * 100), routing_key=f"warm{q}")
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                t = time.perf_counter()
+                p.send(Message("sync", b"x" * 100))
+                lats.append(time.perf_counter() - t)
+        lats.sort()
+        n = len(lats)
+
+        def ms(q: float) -> float:
+            return round(lats[min(n - 1, int(n * q))] * 1e3, 3)
+
+        return {"bench": "sync_sends", "queues": queues, "seconds": seconds, "sends": n,
+                "sends_per_s": round(n / seconds, 1), "p50_ms": ms(0.5), "p99_ms": ms(0.99),
+                "p999_ms": ms(0.999), "max_ms": round(lats[-1] * 1e3, 3)}
     finally:
         b.stop()
 
@@ -211,6 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--count", type=int, default=100_000, help="messages per case")
     p.add_argument("--connections", type=int, default=500, help="idle TCP connections for the memory figure")
     p.add_argument("--cases", help="comma list of queue counts to run (default 4,100,1000,100topics)")
+    p.add_argument("--sync-seconds", type=float, default=3.0,
+                   help="flush=sync single sends over 4 and 1000 queues for this long each (0: skip)")
     args = p.parse_args(argv)
     wanted = set(args.cases.split(",")) if args.cases else None
     with tempfile.TemporaryDirectory(prefix="equeue-bench-queues-") as tmp:
@@ -220,6 +270,9 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             emit(run_case(Path(tmp), label, n_topics, queues, args.count))
         emit(run_connections(Path(tmp), args.connections))
+        if args.sync_seconds > 0:
+            for queues in (4, 1000):
+                emit(run_sync_sends(Path(tmp), queues, args.sync_seconds))
 
 
 if __name__ == "__main__":

@@ -469,7 +469,12 @@ class AsyncConsumer:
         if hashes:
             header["tags"] = hashes
         backoff = 0.0
+        resp = pulled = msgs = None
         while self._running and not pq.dropped:
+            # drop the last answer before waiting again: a caught-up queue waits in a held pull
+            # for up to hold_ms, and its last answer's bytes would stay alive that long (1000
+            # queues: ~90 MB held, and every new answer in fresh pages)
+            resp = pulled = msgs = None
             self._collect()
             if pq.is_full(*self.flow) or (self.orderly and not pq.holds_lock()):
                 await pq.wait_change(0.5, self._collect)
