@@ -27,16 +27,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.peers.common import paced, stamp  # noqa: E402
+from bench.peers.common import paced, stamp, summary  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
 
 
 def percentiles(xs: list[float]) -> dict:
-    xs = sorted(xs)
-    if not xs:
-        return {}
-    at = lambda q: round(xs[min(len(xs) - 1, int(len(xs) * q))], 3)  # noqa: E731
-    return {"p50_ms": at(0.5), "p90_ms": at(0.9), "p99_ms": at(0.99), "max_ms": round(xs[-1], 3)}
+    return summary(xs, (0.5, 0.9, 0.99))
 
 
 def role_send(address: str, count: int, rate: int) -> None:

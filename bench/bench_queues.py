@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.answer_window import AnswerWindow  # noqa: E402
+from bench.peers.common import summary  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
 from tests.helpers.counting import CountingHandler  # noqa: E402
 
@@ -59,15 +60,20 @@ def rss_kb(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name: fields[0] is the state, fields[7] minflt."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def minor_faults(pid: int) -> int:
-    """Minor page faults of a process so far (/proc/<pid>/stat): memory it touched for the first
-    time, e.g. answers built into fresh pages."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+    """Minor page faults of a process so far: memory it touched for the first time, e.g. answers
+    built into fresh pages."""
+    return int(_stat_fields(pid)[7])
 
 
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process (all its threads) from /proc: CPU spent, whatever the load."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = _stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -197,16 +203,9 @@ def run_sync_sends(tmp: Path, queues: int, seconds: float) -> dict:
             while time.monotonic() < end:
                 t = time.perf_counter()
                 p.send(Message("sync", b"x" * 100))
-                lats.append(time.perf_counter() - t)
-        lats.sort()
-        n = len(lats)
-
-        def ms(q: float) -> float:
-            return round(lats[min(n - 1, int(n * q))] * 1e3, 3)
-
-        return {"bench": "sync_sends", "queues": queues, "seconds": seconds, "sends": n,
-                "sends_per_s": round(n / seconds, 1), "p50_ms": ms(0.5), "p99_ms": ms(0.99),
-                "p999_ms": ms(0.999), "max_ms": round(lats[-1] * 1e3, 3)}
+                lats.append((time.perf_counter() - t) * 1e3)
+        return {"bench": "sync_sends", "queues": queues, "seconds": seconds, "sends_per_s": round(len(lats) / seconds, 1),
+                **summary(lats, (0.5, 0.99, 0.999))}
     finally:
         b.stop()
 

@@ -189,12 +189,16 @@ def warmup_body(size: int) -> bytes:
     return b"\0" * size
 
 
-def summary(lat: list[float]) -> dict:
+def summary(lat: list[float], quantiles: Sequence[float] = (0.5, 0.99)) -> dict:
+    """Latencies in ms: their count, each quantile (0.5 -> "p50_ms", 0.999 -> "p999_ms") and the max;
+    None for each when there are none."""
+    names = ["p" + f"{q * 100:g}".replace(".", "") + "_ms" for q in quantiles]
     if not lat:
-        return {"count": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
+        return {"count": 0, **dict.fromkeys(names), "max_ms": None}
     lat = sorted(lat)
-    return {"count": len(lat), "p50_ms": round(lat[len(lat) // 2], 3),
-            "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 3), "max_ms": round(lat[-1], 3)}
+    n = len(lat)
+    return {"count": n, **{name: round(lat[min(n - 1, int(n * q))], 3) for name, q in zip(names, quantiles, strict=True)},
+            "max_ms": round(lat[-1], 3)}
 
 
 def rate_row(count: int, seconds: float) -> dict:

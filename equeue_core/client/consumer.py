@@ -469,7 +469,6 @@ class AsyncConsumer:
         if hashes:
             header["tags"] = hashes
         backoff = 0.0
-        resp = pulled = msgs = None
         while self._running and not pq.dropped:
             # drop the last answer before waiting again: a caught-up queue waits in a held pull
             # for up to hold_ms, and its last answer's bytes would stay alive that long (1000
@@ -479,15 +478,14 @@ class AsyncConsumer:
             if pq.is_full(*self.flow) or (self.orderly and not pq.holds_lock()):
                 await pq.wait_change(0.5, self._collect)
                 continue
-            if not self.orderly and (pq.behind or slot.held):
-                if pq.behind:
-                    if not slot.held:
-                        await slot.take()
-                        continue  # look again: the queue may be gone or full by now
-                elif pq.count:  # its backlog's last pull is still being handled: keep the slot
-                    await pq.wait_change(0.5, self._collect)
-                    continue
-                else:
+            if not self.orderly:
+                if pq.behind and not slot.held:
+                    await slot.take()
+                    continue  # look again: the queue may be gone or full by now
+                if slot.held and not pq.behind:
+                    if pq.count:  # its backlog's last pull is still being handled: keep the slot
+                        await pq.wait_change(0.5, self._collect)
+                        continue
                     slot.release()
             epoch = pq.lock_epoch
             self.stats["pulls"] += 1

@@ -160,7 +160,6 @@ class FileMessageStore:
         self._last_ts = 0
         self._flusher = Flusher(self._flush_to_disk, settings.flush, settings.flush_interval_ms,
                                 name="equeue-file-flusher")
-        self._last_checkpoint = 0.0
         self._checkpointed = -1
         self._checkpoint_lock = threading.Lock()
         self._round_lock = threading.Lock()  # one checkpoint round at a time (thread or caller)
@@ -506,7 +505,7 @@ class FileMessageStore:
         """Vouch for the log below end and for each queue's index up to its end in `ends`."""
         with self._checkpoint_lock:
             # never past the log's end now: a replica's truncate_log may have cut the log since
-            # the flusher took `end` and `ends`
+            # the checkpoint round took `end` and `ends`
             with self._durability_lock:
                 cap = self._checkpoint_cap
             end = min(end, cap, self.log.published_end)
@@ -516,7 +515,6 @@ class FileMessageStore:
             ends = now if ends is None else {k: min(v, now.get(k, v)) for k, v in ends.items()}
             write_atomic(os.path.join(self.data_dir, CHECKPOINT), pack_checkpoint(end, ends))
             self._checkpointed = end
-            self._last_checkpoint = time.monotonic()
 
     def flush(self) -> None:
         """Make everything appended so far durable before returning. It fsyncs on the calling
