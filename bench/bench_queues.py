@@ -13,7 +13,9 @@ consumer was done before it held its last queue). `cpu_us_per_msg` is CPU time p
 producer, consumer and broker (utime + stime from /proc): what to compare on a loaded machine,
 where the rates swing with the other processes. `broker_minor_faults_consume` counts the pages the
 broker touched for the first time while the consumer drained the case (answers built into fresh
-memory).
+memory). Then a LitePullConsumer (group of its own) drains the same messages again:
+`consume_lite_msgs_per_s`, its CPU and the broker's (`consumer_lite`, `broker_consume_lite`) and
+`broker_minor_faults_consume_lite`.
 
 Then (`--sync-seconds`, default 3 s each) `Producer.send` one by one against a flush=sync broker
 over 4 and over 1000 queues: rate and latency percentiles (bench "sync_sends"); the tail shows any
@@ -136,6 +138,27 @@ def role_consume(address: str, topics: list[str], count: int, offset_dir: str, q
             "steady_msgs_per_s": (handler.seen - seen_assigned) / steady if seen_assigned < count else None}
 
 
+def role_consume_lite(address: str, topics: list[str], count: int) -> dict:
+    """The same drain with a LitePullConsumer (poll in this thread, one pull per queue in flight,
+    at most max_backlog_queues of them for queues with a backlog), in a group of its own."""
+    from equeue_core.client import LitePullConsumer
+
+    c = LitePullConsumer("drain-lite", address, consume_from="first")
+    for t in topics:
+        c.assign(t)
+    seen = 0
+    start = time.perf_counter()
+    cpu = time.process_time()
+    deadline = start + 600
+    while seen < count and time.perf_counter() < deadline:
+        seen += len(c.poll(1.0))
+    elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    c.close()
+    return {"count": seen, "seconds": elapsed, "msgs_per_s": seen / elapsed, "cpu_seconds": cpu,
+            "backlog_queues_peak": c.stats["backlog_queues_peak"]}
+
+
 def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int) -> dict:
     from equeue_core.client import AdminClient
 
@@ -163,18 +186,25 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int) -> d
         cpu3 = cpu_seconds(pid)
         faults3 = minor_faults(pid)
         rss_consumed = settled_rss_kb(pid)
+        lite = _child(["consume_lite", b.address, ",".join(topics), str(count)])
+        cpu4 = cpu_seconds(pid)
+        faults4 = minor_faults(pid)
         us = 1e6 / count
         return {"bench": "queues", "case": label, "topics": n_topics, "queues_per_topic": queues,
                 "queues": total, "count": count, "size": 100,
                 "produce_msgs_per_s": round(prod["msgs_per_s"], 1), "consume_msgs_per_s": round(cons["msgs_per_s"], 1),
                 "consume_start_s": round(cons["start_seconds"], 3),
                 "consume_steady_msgs_per_s": cons["steady_msgs_per_s"] and round(cons["steady_msgs_per_s"], 1),
+                "consume_lite_msgs_per_s": round(lite["msgs_per_s"], 1),
                 "create_topics_s": round(create_seconds, 3),
                 "cpu_us_per_msg": {"producer": round(prod["cpu_seconds"] * us, 2),
                                    "broker_produce": round((cpu1 - cpu0) * us, 2),
                                    "consumer": round(cons["cpu_seconds"] * us, 2),
-                                   "broker_consume": round((cpu3 - cpu2) * us, 2)},
+                                   "broker_consume": round((cpu3 - cpu2) * us, 2),
+                                   "consumer_lite": round(lite["cpu_seconds"] * us, 2),
+                                   "broker_consume_lite": round((cpu4 - cpu3) * us, 2)},
                 "broker_minor_faults_consume": faults3 - faults2,
+                "broker_minor_faults_consume_lite": faults4 - faults3,
                 "consumed": cons["count"], "rss_mb_start": round(rss_start / 1024, 1),
                 "rss_mb_after": round(rss_consumed / 1024, 1),
                 "rss_kb_per_queue_created": round((rss_created - rss_start) / total, 2),
@@ -250,6 +280,8 @@ def main(argv: list[str] | None = None) -> None:
             out = role_produce(rest[0], rest[1].split(","), int(rest[2]), int(rest[3]))
         elif role == "consume":
             out = role_consume(rest[0], rest[1].split(","), int(rest[2]), rest[3], int(rest[4]))
+        elif role == "consume_lite":
+            out = role_consume_lite(rest[0], rest[1].split(","), int(rest[2]))
         else:
             raise SystemExit(f"unknown role {role}")
         print(json.dumps(out))

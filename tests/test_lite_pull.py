@@ -297,3 +297,88 @@ def test_a_broker_that_stops_answering_ends_poll_with_a_timeout_and_poll_recover
         assert [m.body for m in _poll_until(c, 1)] == [b"after"]
     finally:
         c.close()
+
+
+def _pulls_of_queues_behind(c: LitePullConsumer) -> int:
+    """Pulls in flight of queues the broker last said have a backlog."""
+    return sum(1 for q in c._queues.values() if q.pull_id is not None and q.behind)
+
+
+def test_catching_up_on_many_queues_keeps_at_most_max_backlog_queues_of_their_pulls_in_flight(broker):
+    """40 queues with 60 messages each and 3 turns: after every poll at most 3 queues with a
+    backlog have a pull out (without turns every one of the 40 re-pulls at once, and the broker
+    builds all 40 answers). Every message still comes back once, in per-queue order."""
+    topic = _topic(broker, "lite-turns", 40)
+    bodies = [f"t{i:04d}".encode() for i in range(2400)]
+    with Producer(broker.address) as p:
+        futures = [p.send_async(Message(topic, b), routing_key=f"k{i}") for i, b in enumerate(bodies)]
+        sent: dict[int, list[bytes]] = {}
+        for f, b in zip(futures, bodies, strict=True):
+            sent.setdefault(f.result(30).queue_id, []).append(b)
+    assert sum(1 for q in sent.values() if len(q) > 16) >= 30  # most queues have a backlog of pulls
+    with LitePullConsumer("lite-turns-g", broker.address, consume_from="first", pull_batch=8,
+                          max_backlog_queues=3) as c:
+        c.assign(topic)
+        got: list = []
+        worst = 0
+        deadline = time.monotonic() + 30
+        while len(got) < len(bodies) and time.monotonic() < deadline:
+            got += c.poll(0.5)
+            worst = max(worst, _pulls_of_queues_behind(c))
+        assert worst <= 3
+        assert c.stats["backlog_queues_peak"] == 3  # the turns were used, all of them
+        assert c._turns <= 3
+    assert sorted(m.body for m in got) == sorted(bodies)  # each once
+    by_queue: dict[int, list[bytes]] = {}
+    for m in got:
+        by_queue.setdefault(m.queue_id, []).append(m.body)
+    assert by_queue == sent  # in send order
+
+
+def test_pulls_held_at_the_broker_never_wait_for_a_turn(broker):
+    """One turn, every queue caught up (its pull held at the broker for 30 s), then 1200
+    messages to two queues: all come back well before the holds end. Held pulls taking turns
+    would leave those messages behind a 30 s hold."""
+    topic = _topic(broker, "lite-held", 6)
+    with LitePullConsumer("lite-held-g", broker.address, consume_from="last", pull_batch=16,
+                          hold_ms=30000, max_backlog_queues=1) as c:
+        c.assign(topic)
+        assert c.poll(0.3) == []  # every queue's pull is out and held
+        started = time.monotonic()
+        bodies = [f"h{i:04d}".encode() for i in range(1200)]
+        _send(broker, topic, bodies, key_of=lambda i: "a" if i % 2 else "b")
+        got = _poll_until(c, len(bodies), timeout=25)
+        assert time.monotonic() - started < 25
+        assert c.stats["backlog_queues_peak"] == 1
+    assert sorted(m.body for m in got) == bodies
+
+
+def test_seek_on_a_queue_holding_a_turn_hands_the_turn_on(broker):
+    """One turn and three queues with a backlog: seeking the queue that holds the turn (its
+    pull's answer is dropped) passes the turn to a waiting queue; nothing stalls and no turn leaks."""
+    topic = _topic(broker, "lite-seek-turn", 3)
+    sent = _send(broker, topic, [f"s{i:03d}".encode() for i in range(300)])
+    assert len(sent) == 3
+    with LitePullConsumer("lite-seek-turn-g", broker.address, consume_from="first", pull_batch=4,
+                          max_backlog_queues=1) as c:
+        c.assign(topic)
+        first = c.poll(5)
+        assert first
+        holder = next(q for q in c._queues.values() if q.turn)
+        c.seek(holder.topic, holder.queue_id, 0)
+        assert not holder.turn
+        assert c._turns == sum(q.turn for q in c._queues.values()) <= 1  # handed on, never leaked
+        everything = {b for q in sent.values() for b in q}
+        seen = {m.body for m in first}
+        deadline = time.monotonic() + 30
+        while seen != everything and time.monotonic() < deadline:
+            seen |= {m.body for m in c.poll(0.5)}
+            assert c._turns == sum(q.turn for q in c._queues.values()) <= 1
+        assert seen == everything
+        assert not c._waiting
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "8"])
+def test_a_bad_max_backlog_queues_is_a_config_error(bad):
+    with pytest.raises(ConfigError, match="max_backlog_queues must be a whole number >= 1"):
+        LitePullConsumer("g", "127.0.0.1:1", max_backlog_queues=bad)

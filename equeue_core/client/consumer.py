@@ -64,6 +64,13 @@ def parse_expression(expression: str) -> tuple[frozenset[str] | None, list[int] 
     return tags, sorted(record.tag_hash(t) for t in tags)
 
 
+def checked_backlog_queues(value: Any) -> int:
+    """`max_backlog_queues` of a Consumer or LitePullConsumer: a whole number >= 1 (ConfigError)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"max_backlog_queues must be a whole number >= 1, not {value!r}")
+    return value
+
+
 class _BacklogSlot:
     """One of a consumer's `max_backlog_queues` slots, held by a queue's pull loop from its first
     pull of a known backlog (`ProcessQueue.behind`: the start point or the last answer said more
@@ -161,10 +168,8 @@ class AsyncConsumer:
         self.flow = (flow_max_messages, flow_max_bytes, flow_max_span)
         self.hold_ms = hold_ms
         self.parallel_per_queue = max(1, parallel_per_queue)
-        if max_backlog_queues is None:
-            max_backlog_queues = max(16, 2 * threads)
-        if isinstance(max_backlog_queues, bool) or not isinstance(max_backlog_queues, int) or max_backlog_queues < 1:
-            raise ConfigError(f"max_backlog_queues must be a whole number >= 1, not {max_backlog_queues!r}")
+        max_backlog_queues = checked_backlog_queues(max(16, 2 * threads) if max_backlog_queues is None
+                                                    else max_backlog_queues)
         # How many queues catch up on a backlog at once (_BacklogSlot); caught-up queues pull freely
         self.max_backlog_queues = max_backlog_queues
         self._backlog_slots = asyncio.Semaphore(max_backlog_queues)

@@ -5,7 +5,8 @@ handler thread, two thread hops that cost 0.3-0.4 ms of end-to-end latency and n
 thread to get the GIL. Here the caller's thread does it all on one blocking connection of the
 transport (contracts.PipelinedBlockingConnection; tcp and tls): every assigned queue has one held
 pull in flight on that socket (the broker answers it as soon as its queue gets data, or with
-nothing when `hold_ms` ends); `poll` waits in `recv` (which releases the GIL) for whichever answer
+nothing when `hold_ms` ends), except that at most `max_backlog_queues` queues with a backlog have
+one at a time, the others waiting their turn; `poll` waits in `recv` (which releases the GIL) for whichever answer
 comes first and returns the decoded messages; that queue's next pull goes out at once when the
 broker has more behind the answer, else when the caller comes back to poll. No handler
 runs anywhere: the caller handles what poll returned in its own thread.
@@ -42,7 +43,7 @@ from collections import deque
 from typing import Any
 
 from equeue_core.client.connection import BrokerConnection, raise_for_error, signed_header
-from equeue_core.client.consumer import AsyncConsumer, parse_expression
+from equeue_core.client.consumer import AsyncConsumer, checked_backlog_queues, parse_expression
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
@@ -71,7 +72,7 @@ class _Queue:
     """One assigned queue: where its next pull starts and how far the caller got."""
 
     __slots__ = ("topic", "queue_id", "next_offset", "returned", "consumed", "committed", "pull_id",
-                 "batch", "header", "tags")
+                 "batch", "header", "tags", "behind", "turn", "waiting")
 
     def __init__(self, topic: str, queue_id: int, offset: int, batch: AdaptivePullBatch,
                  header: dict[str, Any], tags: frozenset[str] | None) -> None:
@@ -85,6 +86,9 @@ class _Queue:
         self.batch = batch
         self.header = header
         self.tags = tags
+        self.behind = False  # the broker said more is stored past next_offset (a backlog)
+        self.turn = False  # its pull in flight holds one of max_backlog_queues turns
+        self.waiting = False  # in _waiting: behind, for a turn before its next pull
 
 
 class _Membership(AsyncConsumer):
@@ -136,7 +140,8 @@ class _Membership(AsyncConsumer):
 PUSH_CONSUMER_ONLY = ("nameserver", "mode", "orderly", "consume_batch_size", "threads",
                       "max_reconsume_times", "consume_timeout", "commit_interval", "lock_interval",
                       "offset_dir", "flow_max_messages", "flow_max_bytes", "flow_max_span",
-                      "parallel_per_queue", "max_backlog_queues")
+                      "parallel_per_queue")
+DEFAULT_BACKLOG_QUEUES = 16
 
 
 async def _no_handler(*_: object) -> None:  # the membership never pulls, so never calls it
@@ -152,12 +157,15 @@ class LitePullConsumer:
                  auto_commit: bool = True, auto_commit_interval: float = 5.0,
                  heartbeat_interval: float = 10.0, rebalance_interval: float = 20.0,
                  client_id: str | None = None, request_timeout: float = REQUEST_TIMEOUT,
-                 **credentials: str | None) -> None:
+                 max_backlog_queues: int = DEFAULT_BACKLOG_QUEUES, **credentials: str | None) -> None:
         """`pull_batch`: messages per pull of a queue (None: adaptive 32..1024, grows on a
         backlog); `hold_ms`: how long the broker holds a pull that found nothing;
         `request_timeout`: seconds a request may go unanswered, and a held pull beyond its
         hold_ms, before the connection counts as dead (RequestTimeoutError; the next poll connects
-        again); credentials as for Consumer (access_key, secret_key, tls_*). ConfigError for a
+        again); `max_backlog_queues`: at most this many queues with a backlog have a pull in
+        flight at once, the others waiting their turn in order (queues caught up always keep
+        theirs, held at the broker), so catching up on 1000 queues has the broker build that many
+        answers at a time, not its whole per-connection budget (docs/config.md); credentials as for Consumer (access_key, secret_key, tls_*). ConfigError for a
         transport without blocking connections."""
         unsupported = sorted(set(credentials) & set(PUSH_CONSUMER_ONLY))
         if unsupported:
@@ -166,6 +174,7 @@ class LitePullConsumer:
                               "handles what poll returns; use Consumer for a name server, "
                               "broadcasting, orderly handling or retry topics")
         self.group = group
+        self.max_backlog_queues = checked_backlog_queues(max_backlog_queues)
         self.pull_batch = pull_batch
         self.hold_ms = max(1, int(hold_ms))
         self.auto_commit = auto_commit
@@ -193,6 +202,14 @@ class LitePullConsumer:
         self._pulls: dict[int, QueueKey] = {}  # request id -> queue, of the pulls in flight
         self._commits: dict[int, list[tuple[_Queue, int]]] = {}  # auto-commits not answered yet
         self._ready: deque[tuple[QueueKey, Frame]] = deque()  # pull answers read, not yet taken
+        self._turns = 0  # pulls in flight of queues with a backlog (at most max_backlog_queues)
+        # What the next poll has to do, kept as it happens so a poll costs the same with 4 queues
+        # as with 1000: the queues whose `returned` moved (consumed catches up), and the queues
+        # with no pull in flight that poll sends one for (new, caught up, re-seeked, reconnected)
+        self._advanced: list[_Queue] = []
+        self._idle: list[_Queue] = []
+        self._waiting: deque[_Queue] = deque()  # queues with a backlog waiting for a turn, in order
+        self.stats = {"backlog_queues_peak": 0}
         self._id_prefix: str | None = None
         self._next_commit = time.monotonic() + auto_commit_interval
         self._heard = time.monotonic()  # when a frame last arrived (or the pulls were first sent)
@@ -265,13 +282,13 @@ class LitePullConsumer:
                                   "max_count": batch.size, "hold_ms": self.hold_ms}
         if hashes:
             header["tags"] = hashes
-        self._queues[key] = _Queue(topic, q, offset, batch, header, tags)
+        queue = self._queues[key] = _Queue(topic, q, offset, batch, header, tags)
+        self._idle.append(queue)
 
     def _remove(self, key: QueueKey) -> None:
         """Stop pulling a queue: its pull's answer is dropped, its consumed offset committed."""
         queue = self._queues.pop(key)
-        if queue.pull_id is not None:
-            self._pulls.pop(queue.pull_id, None)
+        self._drop_pull(queue)
         self._ready = deque(item for item in self._ready if item[0] != key)
         if queue.consumed != queue.committed:
             self._send_commit([queue], wait=False)
@@ -295,11 +312,11 @@ class LitePullConsumer:
         queue = self._queues.get((topic, queue_id))
         if queue is None:
             raise ConfigError(f"queue {topic}/{queue_id} is not assigned to this consumer")
-        if queue.pull_id is not None:
-            self._pulls.pop(queue.pull_id, None)
-            queue.pull_id = None
+        self._drop_pull(queue)
         self._ready = deque(item for item in self._ready if item[0] != (topic, queue_id))
         queue.next_offset = queue.returned = queue.consumed = offset
+        queue.behind = False  # not known at the new offset: its first pull says
+        self._idle.append(queue)
 
     # ---------------------------------------------------------------- polling
 
@@ -322,17 +339,16 @@ class LitePullConsumer:
 
     def _poll(self, timeout: float) -> list[ReceivedMessage]:
         deadline = time.monotonic() + timeout
-        for queue in self._queues.values():
+        for queue in self._advanced:
             queue.consumed = queue.returned
+        self._advanced.clear()
         self._sync_assignment()
         if self.auto_commit and time.monotonic() >= self._next_commit:
             self._next_commit = time.monotonic() + self.auto_commit_interval
             self._send_commit(list(self._queues.values()), wait=False)
         if self._id_prefix is None:
             self._id_prefix = self._members.id_prefix or _id_prefix(self._call(Code.BROKER_INFO, {}))
-        for queue in self._queues.values():
-            if queue.pull_id is None:
-                self._pull(queue)
+        self._pull_idle()
         while True:
             while self._ready:
                 key, frame = self._ready.popleft()
@@ -345,9 +361,7 @@ class LitePullConsumer:
             if not self._pulls:  # no queue assigned (yet): wait for a rebalance to bring one
                 time.sleep(min(remaining, IDLE_WAIT))
                 self._sync_assignment()
-                for queue in self._queues.values():
-                    if queue.pull_id is None:
-                        self._pull(queue)
+                self._pull_idle()
                 continue
             frame = self._conn.read(remaining)
             if frame is None:
@@ -355,6 +369,14 @@ class LitePullConsumer:
                 return []
             self._heard = time.monotonic()
             self._route(frame)
+
+    def _pull_idle(self) -> None:
+        """A pull for each queue that has none in flight (and is still assigned)."""
+        idle, self._idle = self._idle, []
+        queues = self._queues
+        for queue in idle:
+            if queue.pull_id is None and queues.get((queue.topic, queue.queue_id)) is queue:
+                self._pull(queue)
 
     def _check_alive(self) -> None:
         """A broker that stopped answering (no FIN: a hung process, a cut network) would leave
@@ -367,6 +389,19 @@ class LitePullConsumer:
                                       f"end after {self.hold_ms} ms)", timeout=self.request_timeout)
 
     def _pull(self, queue: _Queue) -> None:
+        """Send the queue's next pull; a queue with a backlog takes a turn first, or waits for one
+        (after the queues already waiting)."""
+        if queue.behind and not queue.turn:
+            if queue.waiting:
+                return
+            if self._turns >= self.max_backlog_queues:
+                queue.waiting = True
+                self._waiting.append(queue)
+                return
+            self._turns += 1
+            queue.turn = True
+            if self._turns > self.stats["backlog_queues_peak"]:
+                self.stats["backlog_queues_peak"] = self._turns
         if not self._pulls:
             self._heard = time.monotonic()  # the silence is counted from the first pull in flight
         header = queue.header
@@ -397,9 +432,12 @@ class LitePullConsumer:
         """Handle one pull answer. The queue's next pull goes out now when the broker has more
         behind this answer (it is read while the caller handles these), or when this answer
         brought nothing to return; a queue that is caught up sends it when the caller comes back
-        to poll (its messages then wait for no socket write)."""
+        to poll (its messages then wait for no socket write). A queue with a turn keeps it while
+        the broker says it is behind (its pulls grow to the batch ceiling); once caught up (or
+        on an error) the turn passes to the queue waiting longest."""
         queue.pull_id = None
         if frame.flags & FLAG_ERROR:
+            self._end_turn(queue)
             raise_for_error(frame)  # the pull is re-issued by the next poll
         h = frame.header
         if h["status"] == PullStatus.OFFSET_RESET:
@@ -408,23 +446,57 @@ class LitePullConsumer:
         elif self.pull_batch is None and "max_offset" in h:
             queue.batch.update(h["count"], h["next_offset"], h["max_offset"])
         queue.next_offset = h["next_offset"]
+        queue.behind = h.get("max_offset", 0) > queue.next_offset
+        if not queue.behind:
+            self._end_turn(queue)
         msgs: list[ReceivedMessage] = []
         if h.get("count"):
             msgs = decode_batch(frame.body, self._id_prefix or "")
             if queue.tags is not None:
                 msgs = [m for m in msgs if m.tag in queue.tags]
         queue.returned = queue.next_offset
-        if not msgs or h.get("max_offset", 0) > queue.next_offset:
+        self._advanced.append(queue)
+        if not msgs or queue.behind:
             self._pull(queue)
+        else:
+            self._idle.append(queue)
         return msgs
+
+    def _end_turn(self, queue: _Queue) -> None:
+        """The queue's pull is answered or dropped: its turn goes to the queue waiting longest
+        (whose pull goes out now)."""
+        if not queue.turn:
+            return
+        queue.turn = False
+        self._turns -= 1
+        waiting = self._waiting
+        while waiting and self._turns < self.max_backlog_queues:
+            nxt = waiting.popleft()
+            nxt.waiting = False
+            if self._queues.get((nxt.topic, nxt.queue_id)) is nxt and nxt.pull_id is None:
+                self._pull(nxt)
+
+    def _drop_pull(self, queue: _Queue) -> None:
+        """Forget the queue's pull in flight (its answer is dropped unread) and its place in line."""
+        if queue.pull_id is not None:
+            self._pulls.pop(queue.pull_id, None)
+            queue.pull_id = None
+        if queue.waiting:
+            queue.waiting = False
+            self._waiting.remove(queue)
+        self._end_turn(queue)
 
     def _lost(self) -> None:
         """The connection broke: every pull is gone with it; the next poll issues them again."""
         self._pulls.clear()
         self._commits.clear()
         self._ready.clear()
+        self._waiting.clear()
+        self._turns = 0
         for queue in self._queues.values():
             queue.pull_id = None
+            queue.turn = queue.waiting = False
+        self._idle = list(self._queues.values())
 
     # ---------------------------------------------------------------- commits
 
@@ -432,8 +504,9 @@ class LitePullConsumer:
         """Commit everything poll returned so far and wait for the broker's answer."""
         self._check_open()
         with self._polling:
-            for queue in self._queues.values():
+            for queue in self._advanced:
                 queue.consumed = queue.returned
+            self._advanced.clear()
             try:
                 self._send_commit(list(self._queues.values()), wait=True)
             except TransportError:
