@@ -183,10 +183,10 @@ static void crc_select(void)
 /* ------------------------------------------------------------------ bound Python objects */
 
 /* The Python versions (fallbacks) and the error classes, set by record.py / message.py. */
-enum { FB_SCAN, FB_STAMP_BATCH, FB_INDEX_ENTRIES, FB_VERIFY, FB_DAMAGE, FB_CRC_SPANS, FB_DECODE_BATCH, FB_ENCODE_RECORD,
+enum { FB_SCAN, FB_STAMP_BATCH, FB_INDEX_ENTRIES, FB_INDEX_RUNS, FB_VERIFY, FB_DAMAGE, FB_CRC_SPANS, FB_DECODE_BATCH, FB_ENCODE_RECORD,
        FB_TAG_HASH, FB_PROPS_ENCODE, FB_MSG_IDS, FB_COUNT };
 static const char *const fb_names[FB_COUNT] = {
-    "scan", "stamp_batch", "index_entries", "verify", "damage", "crc_spans", "decode_batch", "encode_record",
+    "scan", "stamp_batch", "index_entries", "index_runs", "verify", "damage", "crc_spans", "decode_batch", "encode_record",
     "tag_hash", "props_encode", "msg_ids",
 };
 static PyObject *fallback[FB_COUNT];
@@ -668,6 +668,92 @@ static PyObject *n_index_entries(PyObject *self, PyObject *const *args, Py_ssize
 fallback:
     PyBuffer_Release(&view);
     return call_fallback(FB_INDEX_ENTRIES, args, nargs, kwnames);
+}
+
+/* ------------------------------------------------------------------ index_runs */
+
+static const char *const runs_kw[] = {"entries", "max_count", "max_bytes", "tag_hashes"};
+
+/* Append (start, end) to runs; -1 on error. */
+static int add_run(PyObject *runs, uint64_t start, uint64_t end)
+{
+    PyObject *run = Py_BuildValue("(KK)", (unsigned long long)start, (unsigned long long)end);
+    if (run == NULL)
+        return -1;
+    int r = PyList_Append(runs, run);
+    Py_DECREF(run);
+    return r;
+}
+
+static PyObject *n_index_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[4];
+    if (parse_args("index_runs", args, nargs, kwnames, runs_kw, 4, 3, a) < 0)
+        return NULL;
+    PyObject *tags = (a[3] == NULL || a[3] == Py_None) ? NULL : a[3];
+    Py_ssize_t max_count, max_bytes;
+    if (!as_ssize(a[1], &max_count) || !as_ssize(a[2], &max_bytes) || (tags != NULL && !PyAnySet_Check(tags)))
+        return call_fallback(FB_INDEX_RUNS, args, nargs, kwnames);
+    Py_buffer view;
+    if (!byte_view(a[0], &view, 0))
+        return call_fallback(FB_INDEX_RUNS, args, nargs, kwnames);
+    if (view.len % INDEX_ENTRY_SIZE) {
+        PyBuffer_Release(&view);
+        return call_fallback(FB_INDEX_RUNS, args, nargs, kwnames);
+    }
+    PyObject *runs = PyList_New(0);
+    if (runs == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    const uint8_t *e = view.buf, *end = e + view.len;
+    /* total counts at most max_count sizes of u32 past a total <= max_bytes: no u64 overflow, so
+     * the comparisons come out as Python's unbounded ints do. */
+    int have_run = 0;
+    uint64_t run_start = 0, run_end = 0;
+    Py_ssize_t count = 0, scanned = 0;
+    unsigned long long total = 0;
+    for (; e < end; e += INDEX_ENTRY_SIZE) {
+        uint64_t pos = ld64(e);
+        uint32_t size = ld32(e + 8);
+        if (tags != NULL) {
+            PyObject *th = PyLong_FromUnsignedLongLong(ld64(e + 12));
+            if (th == NULL)
+                goto error;
+            int in = PySet_Contains(tags, th);
+            Py_DECREF(th);
+            if (in < 0)
+                goto error;
+            if (!in) {
+                scanned++;
+                continue;
+            }
+        }
+        if (count && (max_bytes < 0 || total + size > (unsigned long long)max_bytes))
+            break;
+        scanned++;
+        count++;
+        total += size;
+        if (have_run && pos == run_end) {
+            run_end += size;
+        } else {
+            if (have_run && add_run(runs, run_start, run_end) < 0)
+                goto error;
+            run_start = pos;
+            run_end = pos + size;
+            have_run = 1;
+        }
+        if (count >= max_count)
+            break;
+    }
+    if (have_run && add_run(runs, run_start, run_end) < 0)
+        goto error;
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(Nnn)", runs, count, scanned);
+error:
+    Py_DECREF(runs);
+    PyBuffer_Release(&view);
+    return NULL;
 }
 
 /* ------------------------------------------------------------------ verify, damage */
@@ -1451,6 +1537,8 @@ static PyMethodDef methods[] = {
      "record.stamp_batch, in C."},
     {"index_entries", (PyCFunction)(void (*)(void))n_index_entries, METH_FASTCALL | METH_KEYWORDS,
      "record.index_entries, in C."},
+    {"index_runs", (PyCFunction)(void (*)(void))n_index_runs, METH_FASTCALL | METH_KEYWORDS,
+     "record.index_runs, in C."},
     {"verify", (PyCFunction)(void (*)(void))n_verify, METH_FASTCALL | METH_KEYWORDS, "record.verify, in C."},
     {"damage", (PyCFunction)(void (*)(void))n_damage, METH_FASTCALL | METH_KEYWORDS, "record.damage, in C."},
     {"crc_spans", (PyCFunction)(void (*)(void))n_crc_spans, METH_FASTCALL | METH_KEYWORDS,

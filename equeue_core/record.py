@@ -196,6 +196,42 @@ def index_entries(batch: bytes | bytearray | memoryview, starts: Sequence[int],
     return out
 
 
+def index_runs(entries: bytes | bytearray | memoryview, max_count: int, max_bytes: int,
+               tag_hashes: frozenset[int] | set[int] | None = None) -> tuple[list[tuple[int, int]], int, int]:
+    """What a pull reads, from its queue's INDEX_ENTRY entries in offset order: (runs, count,
+    scanned). `runs` are the [start, end) log spans of the records taken, adjacent records merged
+    into one span (one log read each); `count` the records taken; `scanned` the entries passed,
+    taken or filtered out (the pull's next offset is its offset + scanned). Entries whose tag hash
+    is not in `tag_hashes` (when given) are passed over. Taking stops after `max_count` records,
+    or before the record that would take the total past `max_bytes` (the first record is always
+    taken, whatever its size)."""
+    if len(entries) % INDEX_ENTRY_SIZE:
+        raise ValueError(f"index entries are {INDEX_ENTRY_SIZE} bytes each, not {len(entries)} bytes in all")
+    runs: list[tuple[int, int]] = []
+    run_start = run_end = -1
+    count = total = scanned = 0
+    for pos, size, th in INDEX_ENTRY.iter_unpack(entries):
+        if tag_hashes is not None and th not in tag_hashes:
+            scanned += 1
+            continue
+        if count and total + size > max_bytes:
+            break
+        scanned += 1
+        count += 1
+        total += size
+        if pos == run_end:
+            run_end += size
+        else:
+            if run_end >= 0:
+                runs.append((run_start, run_end))
+            run_start, run_end = pos, pos + size
+        if count >= max_count:
+            break
+    if run_end >= 0:
+        runs.append((run_start, run_end))
+    return runs, count, scanned
+
+
 def verify(buf: bytes | bytearray | memoryview, start: int = 0, limit: int | None = None) -> int:
     """Return the size of the intact record at start, or raise CorruptRecordError.
 
@@ -330,7 +366,7 @@ def header_fields(buf: bytes | bytearray | memoryview, start: int = 0) -> tuple:
 # they replace the module's names here, so `from equeue_core.record import scan` gets the fast one.
 # EQUEUE_PURE_PYTHON=1 keeps the Python ones. IMPLEMENTATION says which is in use.
 
-HOT_PATH = ("scan", "stamp_batch", "index_entries", "verify", "damage", "crc_spans", "encode_record")
+HOT_PATH = ("scan", "stamp_batch", "index_entries", "index_runs", "verify", "damage", "crc_spans", "encode_record")
 PYTHON_FUNCTIONS = {name: globals()[name] for name in HOT_PATH}
 
 
@@ -353,6 +389,7 @@ if native is not None:
     scan = native.scan  # noqa: F811
     stamp_batch = native.stamp_batch  # noqa: F811
     index_entries = native.index_entries  # noqa: F811
+    index_runs = native.index_runs  # noqa: F811
     verify = native.verify  # noqa: F811
     damage = native.damage  # noqa: F811
     crc_spans = native.crc_spans  # noqa: F811

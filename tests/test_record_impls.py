@@ -375,6 +375,37 @@ def test_index_entries_with_odd_arguments_behaves_as_the_python_one(starts_posit
     both("index_entries", buf, *starts_positions)
 
 
+index_entry = st.tuples(st.integers(0, 2**40), st.integers(0, 2**32 - 1), st.integers(0, 5))
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(entries=st.lists(index_entry, max_size=40), adjacent=st.lists(st.booleans(), max_size=40),
+       max_count=st.integers(-2, 45), max_bytes=st.one_of(st.integers(-5, 2**34), st.just(2**63 - 1)),
+       tags=st.one_of(st.none(), st.frozensets(st.integers(0, 5)), st.sets(st.integers(0, 5))))
+def test_index_runs_takes_the_same_records_in_both(entries, adjacent, max_count, max_bytes, tags):
+    """A pull's walk over its index entries: the same spans (adjacent records merged), count and
+    scanned in both, with and without a tag filter, at every count and byte limit."""
+    packed = bytearray()
+    end = None
+    for i, (pos, size, th) in enumerate(entries):
+        if end is not None and i < len(adjacent) and adjacent[i]:
+            pos = end  # this record follows the previous one in the log: one span
+        packed += record.INDEX_ENTRY.pack(pos, size, th)
+        end = pos + size
+    got = both("index_runs", bytes(packed), max_count, max_bytes, tags)
+    assert got[0] == "ok"
+    runs, count, scanned = got[1]
+    assert count <= scanned <= len(entries) and (count == 0) == (runs == [])
+
+
+@pytest.mark.parametrize("args", [
+    (b"\0" * 19, 5, 100), (b"\0" * 20, 5.0, 100), (b"\0" * 20, 5, 100, [0]), (b"\0" * 20, True, 100),
+    (b"\0" * 20, 5, 2**70), ("x" * 20, 5, 100), (bytearray(40), 2**70, 100),
+])
+def test_index_runs_with_odd_arguments_behaves_as_the_python_one(args):
+    both("index_runs", *args)
+
+
 @pytest.mark.parametrize("start, limit", [
     (-1, None), (10**6, None), (0, 10**6), (5, 2), (0, 10), (True, None), (0, 2**70), (0.0, None),
 ])
@@ -523,7 +554,7 @@ def test_encode_record_with_odd_arguments_behaves_as_the_python_one(args, kwargs
 @pytest.mark.skipif("native" not in IMPLS, reason="no C compiler: only the Python implementation exists")
 def test_native_functions_take_a_memoryview_without_falling_back_to_python():
     """A pull answer's body is a memoryview over the transport's buffer: the native decode_batch
-    (and scan, verify, index_entries, crc_spans) must decode it in C, not hand it to the Python
+    (and scan, verify, index_entries, index_runs, crc_spans) must decode it in C, not hand it to the Python
     version (a memoryview refused a format request without a shape, so every call fell back)."""
     mod = native_module()
     assert mod is not None
@@ -536,7 +567,7 @@ def test_native_functions_take_a_memoryview_without_falling_back_to_python():
             return real(*args, **kwargs)
         return fallback
 
-    names = ("scan", "verify", "index_entries", "crc_spans")
+    names = ("scan", "verify", "index_entries", "index_runs", "crc_spans")
     mod._bind(decode_batch=spy("decode_batch", message.python_decode_batch),
               **{n: spy(n, record.PYTHON_FUNCTIONS[n]) for n in names})
     try:
@@ -545,6 +576,9 @@ def test_native_functions_take_a_memoryview_without_falling_back_to_python():
             assert list(mod.scan(view)) == starts
             mod.verify(view, starts[1])
             mod.index_entries(view, starts, positions)
+            entries = mod.index_entries(buf, starts, positions)
+            for entry_view in (memoryview(entries), memoryview(bytes(entries))):
+                assert mod.index_runs(entry_view, 10, 10**6) == record.PYTHON_FUNCTIONS["index_runs"](entries, 10, 10**6)
             mod.crc_spans(view, [0], [len(buf)])
     finally:
         mod._bind(decode_batch=message.python_decode_batch,

@@ -61,6 +61,7 @@ from equeue_core.record import (
     crc32c,
     damage,
     index_entries,
+    index_runs,
     stamp_batch,
     verify,
 )
@@ -554,30 +555,7 @@ class FileMessageStore:
                                         min_offset=lo, max_offset=hi)
         scan = max_count if tag_hashes is None else max(max_count, _SCAN_WITH_FILTER)
         entries = self.index.read(topic, queue_id, offset, min(scan, hi - offset))
-        runs: list[tuple[int, int]] = []
-        run_start = run_end = -1
-        count = 0
-        total = 0
-        scanned = 0
-        for pos, size, th in INDEX_ENTRY.iter_unpack(entries):
-            if tag_hashes is not None and th not in tag_hashes:
-                scanned += 1
-                continue
-            if count and total + size > max_bytes:
-                break
-            scanned += 1
-            count += 1
-            total += size
-            if pos == run_end:
-                run_end += size
-            else:
-                if run_end >= 0:
-                    runs.append((run_start, run_end))
-                run_start, run_end = pos, pos + size
-            if count >= max_count:
-                break
-        if run_end >= 0:
-            runs.append((run_start, run_end))
+        runs, count, scanned = index_runs(entries, max_count, max_bytes, tag_hashes)
         parts = []
         verified_from = self._verified_from
         for a, b in runs:
