@@ -382,3 +382,32 @@ def test_seek_on_a_queue_holding_a_turn_hands_the_turn_on(broker):
 def test_a_bad_max_backlog_queues_is_a_config_error(bad):
     with pytest.raises(ConfigError, match="max_backlog_queues must be a whole number >= 1"):
         LitePullConsumer("g", "127.0.0.1:1", max_backlog_queues=bad)
+
+
+@pytest.mark.parametrize("mode", ["assign", "subscribe"])
+def test_a_queue_with_a_backlog_is_read_in_one_pull_and_its_start_asked_with_the_others(broker, monkeypatch, mode):
+    """300 messages in one queue of 40: the first poll returns all 300 (the start point's end
+    says how many there are; growing from 32 took four pulls), and the 40 queues' start points
+    come from one QUERY_OFFSET, not one per queue."""
+    from equeue_core.client.connection import BrokerConnection
+
+    topic = _topic(broker, f"lite-expect-{mode}", 40)
+    sent = _send(broker, topic, [f"e{i:03d}".encode() for i in range(300)], key_of=lambda i: "one")
+    assert len(sent) == 1
+    queries = []
+    real = BrokerConnection.request
+
+    async def request(conn, code, header=None, *args, **kwargs):
+        if code == Code.QUERY_OFFSET:
+            queries.append(header)
+        return await real(conn, code, header, *args, **kwargs)
+
+    monkeypatch.setattr(BrokerConnection, "request", request)
+    with LitePullConsumer(f"lite-expect-{mode}-g", broker.address, consume_from="first") as c:
+        getattr(c, mode)(topic)
+        first = []
+        deadline = time.monotonic() + 10
+        while not first and time.monotonic() < deadline:
+            first = c.poll(1.0)
+    assert [m.body for m in first] == next(iter(sent.values()))
+    assert len(queries) == 1 and len(queries[0]["queues"]) == 40

@@ -98,24 +98,30 @@ class _Membership(AsyncConsumer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._published: tuple[int, dict[QueueKey, int]] = (0, {})
+        self._published: tuple[int, dict[QueueKey, tuple[int, int]]] = (0, {})
+        self._ends: dict[QueueKey, int] = {}  # each queue's end offset when it was taken
 
     def _all_topics(self) -> dict[str, str]:
         return dict(self.subscriptions)  # nothing is sent back, so no retry topic
 
     def _add_queue(self, key: QueueKey, offset: int, end: int) -> None:
         self.queues[key] = ProcessQueue(key[0], key[1], offset)  # no pull loop: poll pulls
+        self._ends[key] = end
 
     async def _apply(self, wanted: set[QueueKey]) -> None:
         await super()._apply(wanted)
         version, _ = self._published
-        self._published = (version + 1, {k: pq.next_offset for k, pq in self.queues.items()})
+        ends = self._ends
+        for key in [k for k in ends if k not in self.queues]:
+            del ends[key]
+        self._published = (version + 1, {k: (pq.next_offset, ends.get(k, pq.next_offset))
+                                         for k, pq in self.queues.items()})
 
     async def commit(self) -> None:
         """The LitePullConsumer commits in the polling thread."""
 
-    def assignment(self) -> tuple[int, dict[QueueKey, int]]:
-        """(version, {queue: start offset}) as of the last rebalance."""
+    def assignment(self) -> tuple[int, dict[QueueKey, tuple[int, int]]]:
+        """(version, {queue: (start offset, end offset then)}) as of the last rebalance."""
         return self._published
 
     async def connect_only(self) -> None:
@@ -123,9 +129,10 @@ class _Membership(AsyncConsumer):
         self._conn = await BrokerConnection(self.broker, **self._credentials).connect()
         self._running = True
 
-    async def start_offset(self, topic: str, queue_id: int) -> int:
-        """Where a queue starts: the group's committed offset, else consume_from."""
-        return await self._start_offset(topic, queue_id)
+    async def start_points(self, keys: list[QueueKey]) -> list[tuple[int, int]]:
+        """Where each queue starts (the group's committed offset, else consume_from) and its
+        end offset, asked in one request."""
+        return await self._start_points(keys)
 
     async def disconnect(self) -> None:
         if self._conn is not None:
@@ -244,9 +251,10 @@ class LitePullConsumer:
                                          topic=topic, queue_id=q)
         self._filters[topic] = parse_expression(expression)
         self._connect_members()
-        for q in wanted:
-            if (topic, q) not in self._queues:
-                self._add((topic, q), run_sync(self._members.start_offset(topic, q)))
+        new = [(topic, q) for q in dict.fromkeys(wanted) if (topic, q) not in self._queues]
+        if new:
+            for key, (offset, end) in zip(new, run_sync(self._members.start_points(new)), strict=True):
+                self._add(key, offset, end)
         return self
 
     def subscribe(self, topic: str, expression: str = "*") -> LitePullConsumer:
@@ -273,16 +281,22 @@ class LitePullConsumer:
             run_sync(self._members.connect_only())
             self._members_connected = True
 
-    def _add(self, key: QueueKey, offset: int) -> None:
+    def _add(self, key: QueueKey, offset: int, end: int) -> None:
+        """Take a queue at `offset`. With a backlog (its end was past `offset` when asked), its
+        first pull asks for all of it (within the adaptive batch's bounds) and takes a turn."""
         topic, q = key
         tags, hashes = self._filters.get(topic, (None, None))
-        batch = (AdaptivePullBatch(self.pull_batch, self.pull_batch) if self.pull_batch is not None
-                 else AdaptivePullBatch(PULL_BATCH_FLOOR, PULL_BATCH_CEILING))
+        if self.pull_batch is not None:
+            batch = AdaptivePullBatch(self.pull_batch, self.pull_batch)
+        else:
+            batch = AdaptivePullBatch(PULL_BATCH_FLOOR, PULL_BATCH_CEILING)
+            batch.expect(end - offset)
         header: dict[str, Any] = {"group": self.group, "topic": topic, "queue_id": q, "offset": offset,
                                   "max_count": batch.size, "hold_ms": self.hold_ms}
         if hashes:
             header["tags"] = hashes
         queue = self._queues[key] = _Queue(topic, q, offset, batch, header, tags)
+        queue.behind = end > offset
         self._idle.append(queue)
 
     def _remove(self, key: QueueKey) -> None:
@@ -303,9 +317,9 @@ class LitePullConsumer:
         self._version = version
         for key in [k for k in self._queues if k not in wanted]:
             self._remove(key)
-        for key, offset in wanted.items():
+        for key, (offset, end) in wanted.items():
             if key not in self._queues:
-                self._add(key, offset)
+                self._add(key, offset, end)
 
     def seek(self, topic: str, queue_id: int, offset: int) -> None:
         """The next messages of this (assigned) queue start at `offset`; a commit then records it."""
