@@ -299,3 +299,49 @@ def test_lite_pull_consumer_signs_its_pulls_and_commits_and_a_wrong_secret_is_re
     with LitePullConsumer("g1", acl_broker.address, access_key=APP[0], secret_key="not-the-secret") as c:
         with pytest.raises(AccessDeniedError):
             c.assign("orders.lite")
+
+
+def test_a_lite_pull_refused_for_a_while_is_sent_again_by_the_next_poll_once_allowed(acl_broker):
+    """The account loses its group right while its LitePullConsumer waits: the pull that goes out
+    after the hold is refused and poll raises access_denied. Once the right is back, a later poll
+    sends that queue's pull again and the next message arrives (a refused pull must not leave its
+    queue without one for good)."""
+    from equeue_core.client import LitePullConsumer
+
+    path = acl_broker.acl_path
+    rev = ("rev", "rev-secret-00001")
+    allowed = ACL + "\n" + account(rev, topics=["orders.rev"], groups=["grev"])
+    revoked = ACL + "\n" + account(rev, topics=["orders.rev"], groups=["someone-else"])
+
+    def reload_to(text: str) -> None:
+        seen = acl_broker.log_path.read_text().count("reloaded:")
+        path.write_text(text)
+        assert wait_until(lambda: acl_broker.log_path.read_text().count("reloaded:") > seen, 30, 0.05)
+
+    reload_to(allowed)
+    try:
+        with admin(acl_broker) as a:
+            a.create_topic("orders.rev", 1)
+        with LitePullConsumer("grev", acl_broker.address, access_key=rev[0], secret_key=rev[1],
+                              consume_from="last", hold_ms=300) as c:
+            c.assign("orders.rev")
+            assert c.poll(0.2) == []
+            reload_to(revoked)
+            refused = False
+            deadline = time.monotonic() + 15
+            while not refused and time.monotonic() < deadline:
+                try:
+                    c.poll(0.5)
+                except AccessDeniedError:
+                    refused = True
+            assert refused
+            reload_to(allowed)
+            with Producer(acl_broker.address, access_key=ADMIN[0], secret_key=ADMIN[1]) as p:
+                p.send(Message("orders.rev", b"after"))
+            got: list = []
+            deadline = time.monotonic() + 15
+            while not got and time.monotonic() < deadline:
+                got += c.poll(0.5)
+            assert [m.body for m in got] == [b"after"]
+    finally:
+        reload_to(ACL)

@@ -452,7 +452,8 @@ class LitePullConsumer:
         queue.pull_id = None
         if frame.flags & FLAG_ERROR:
             self._end_turn(queue)
-            raise_for_error(frame)  # the pull is re-issued by the next poll
+            self._idle.append(queue)  # the next poll sends the pull again
+            raise_for_error(frame)
         h = frame.header
         if h["status"] == PullStatus.OFFSET_RESET:
             log.warning("offset %d of %s/%d is out of range; moving to %d",
