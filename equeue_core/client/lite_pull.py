@@ -477,19 +477,26 @@ class LitePullConsumer:
             self._idle.append(queue)
         return msgs
 
-    def _end_turn(self, queue: _Queue) -> None:
-        """The queue's pull is answered or dropped: its turn goes to the queue waiting longest
-        (whose pull goes out now)."""
+    def _end_turn(self, queue: _Queue, pull_now: bool = True) -> None:
+        """The queue's pull is answered or dropped: its turn goes to the queue waiting longest,
+        whose pull goes out now (inside poll), or with the next poll (`pull_now` False: seek and
+        a rebalance's removal write nothing to the socket)."""
         if not queue.turn:
             return
         queue.turn = False
         self._turns -= 1
         waiting = self._waiting
-        while waiting and self._turns < self.max_backlog_queues:
+        free = self.max_backlog_queues - self._turns
+        while waiting and free > 0:
             nxt = waiting.popleft()
             nxt.waiting = False
-            if self._queues.get((nxt.topic, nxt.queue_id)) is nxt and nxt.pull_id is None:
+            if self._queues.get((nxt.topic, nxt.queue_id)) is not nxt or nxt.pull_id is not None:
+                continue
+            free -= 1
+            if pull_now:
                 self._pull(nxt)
+            else:
+                self._idle.append(nxt)
 
     def _drop_pull(self, queue: _Queue) -> None:
         """Forget the queue's pull in flight (its answer is dropped unread) and its place in line."""
@@ -499,7 +506,7 @@ class LitePullConsumer:
         if queue.waiting:
             queue.waiting = False
             self._waiting.remove(queue)
-        self._end_turn(queue)
+        self._end_turn(queue, pull_now=False)
 
     def _lost(self) -> None:
         """The connection broke: every pull is gone with it; the next poll issues them again."""
