@@ -411,3 +411,42 @@ def test_a_queue_with_a_backlog_is_read_in_one_pull_and_its_start_asked_with_the
             first = c.poll(1.0)
     assert [m.body for m in first] == next(iter(sent.values()))
     assert len(queries) == 1 and len(queries[0]["queues"]) == 40
+
+
+def test_a_rebalance_while_catching_up_with_one_turn_loses_no_turn_and_no_message(broker):
+    """A member catching up on 8 queues with one turn; a second member joins (the first gives up
+    half its queues, one of them maybe holding the turn or waiting for it) and leaves again (the
+    first takes them back). Every message arrives, and the first member's turns add up."""
+    topic = _topic(broker, "lite-rebalance-turns", 8)
+    bodies = [f"r{i:04d}".encode() for i in range(1600)]
+    _send(broker, topic, bodies)
+    a = LitePullConsumer("lite-rt-g", broker.address, consume_from="first", rebalance_interval=1.0,
+                         pull_batch=8, max_backlog_queues=1)
+    b = LitePullConsumer("lite-rt-g", broker.address, consume_from="first", rebalance_interval=1.0,
+                         pull_batch=8, max_backlog_queues=1)
+    seen: set[bytes] = set()
+    try:
+        a.subscribe(topic)
+        for _ in range(5):
+            seen |= {m.body for m in a.poll(0.2)}
+        assert a._waiting  # catching up: queues wait for the one turn
+        b.subscribe(topic)
+
+        def split() -> bool:
+            seen.update(m.body for m in a.poll(0.05))
+            seen.update(m.body for m in b.poll(0.05))
+            return len(a.assignment()) == 4 and len(b.assignment()) == 4
+
+        assert wait_until(split, 20)
+        assert a._turns == sum(q.turn for q in a._queues.values()) <= 1
+        b.commit()
+        b.close()
+        deadline = time.monotonic() + 30
+        while len(seen) < len(bodies) and time.monotonic() < deadline:
+            seen |= {m.body for m in a.poll(0.2)}
+            assert a._turns == sum(q.turn for q in a._queues.values()) <= 1
+        assert len(a.assignment()) == 8
+        assert seen == set(bodies)
+    finally:
+        a.close()
+        b.close()
