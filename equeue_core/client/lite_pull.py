@@ -172,8 +172,9 @@ class LitePullConsumer:
         again); `max_backlog_queues`: at most this many queues with a backlog have a pull in
         flight at once, the others waiting their turn in order (queues caught up always keep
         theirs, held at the broker), so catching up on 1000 queues has the broker build that many
-        answers at a time, not its whole per-connection budget (docs/config.md); credentials as for Consumer (access_key, secret_key, tls_*). ConfigError for a
-        transport without blocking connections."""
+        answers at a time, not its whole per-connection budget (docs/client.md); credentials as
+        for Consumer (access_key, secret_key, tls_*). ConfigError for a transport without
+        blocking connections."""
         unsupported = sorted(set(credentials) & set(PUSH_CONSUMER_ONLY))
         if unsupported:
             raise ConfigError(f"LitePullConsumer does not take {', '.join(unsupported)} (Consumer "
@@ -303,7 +304,6 @@ class LitePullConsumer:
         """Stop pulling a queue: its pull's answer is dropped, its consumed offset committed."""
         queue = self._queues.pop(key)
         self._drop_pull(queue)
-        self._ready = deque(item for item in self._ready if item[0] != key)
         if queue.consumed != queue.committed:
             self._send_commit([queue], wait=False)
 
@@ -327,7 +327,6 @@ class LitePullConsumer:
         if queue is None:
             raise ConfigError(f"queue {topic}/{queue_id} is not assigned to this consumer")
         self._drop_pull(queue)
-        self._ready = deque(item for item in self._ready if item[0] != (topic, queue_id))
         queue.next_offset = queue.returned = queue.consumed = offset
         queue.behind = False  # not known at the new offset: its first pull says
         self._idle.append(queue)
@@ -353,9 +352,7 @@ class LitePullConsumer:
 
     def _poll(self, timeout: float) -> list[ReceivedMessage]:
         deadline = time.monotonic() + timeout
-        for queue in self._advanced:
-            queue.consumed = queue.returned
-        self._advanced.clear()
+        self._mark_consumed()
         self._sync_assignment()
         if self.auto_commit and time.monotonic() >= self._next_commit:
             self._next_commit = time.monotonic() + self.auto_commit_interval
@@ -383,6 +380,12 @@ class LitePullConsumer:
                 return []
             self._heard = time.monotonic()
             self._route(frame)
+
+    def _mark_consumed(self) -> None:
+        """What poll returned counts as consumed: the caller came back (or commits)."""
+        for queue in self._advanced:
+            queue.consumed = queue.returned
+        self._advanced.clear()
 
     def _pull_idle(self) -> None:
         """A pull for each queue that has none in flight (and is still assigned)."""
@@ -499,10 +502,13 @@ class LitePullConsumer:
                 self._idle.append(nxt)
 
     def _drop_pull(self, queue: _Queue) -> None:
-        """Forget the queue's pull in flight (its answer is dropped unread) and its place in line."""
+        """Forget the queue's pull: in flight, or answered and not yet taken (its answer is
+        dropped unread), and its place in line for a turn."""
         if queue.pull_id is not None:
             self._pulls.pop(queue.pull_id, None)
             queue.pull_id = None
+        key = (queue.topic, queue.queue_id)
+        self._ready = deque(item for item in self._ready if item[0] != key)
         if queue.waiting:
             queue.waiting = False
             self._waiting.remove(queue)
@@ -526,9 +532,7 @@ class LitePullConsumer:
         """Commit everything poll returned so far and wait for the broker's answer."""
         self._check_open()
         with self._polling:
-            for queue in self._advanced:
-                queue.consumed = queue.returned
-            self._advanced.clear()
+            self._mark_consumed()
             try:
                 self._send_commit(list(self._queues.values()), wait=True)
             except TransportError:

@@ -195,9 +195,7 @@ class BlockingTcpConnection:
         if not buf:
             # The usual answer: one recv brings exactly one whole frame. It is decoded from a copy
             # of just its bytes (the Frame may keep its body), with no bytearray in between.
-            n = sock.recv_into(self._rbuf)
-            if not n:
-                raise ConnectionLostError(f"connection to {self.address} closed by the server")
+            n = self._receive(sock, self._rbuf)
             view = self._rview
             if wire.HEAD_SIZE <= n <= self.settings.max_frame_size:
                 head = wire.HEAD.unpack_from(view, 0)
@@ -218,10 +216,14 @@ class BlockingTcpConnection:
                 return self._read_rest(sock, need, deadline)
             if buf and time.monotonic() > deadline:  # a frame trickling in slower than the timeout
                 raise TimeoutError
-            n = sock.recv_into(self._rbuf)
-            if not n:
-                raise ConnectionLostError(f"connection to {self.address} closed by the server")
-            buf += self._rview[:n]
+            buf += self._rview[:self._receive(sock, self._rbuf)]
+
+    def _receive(self, sock: socket.socket, into: bytearray | memoryview) -> int:
+        """One recv_into: the bytes it brought (ConnectionLostError when the server closed)."""
+        n = sock.recv_into(into)
+        if not n:
+            raise ConnectionLostError(f"connection to {self.address} closed by the server")
+        return n
 
     def _read_rest(self, sock: socket.socket, need: int, deadline: float) -> wire.Frame:
         """The rest of a frame of `need` bytes whose start is in self._buf, received straight into
@@ -239,10 +241,7 @@ class BlockingTcpConnection:
             while have < need:
                 if time.monotonic() > deadline:  # a frame trickling in slower than the timeout
                     raise TimeoutError
-                n = sock.recv_into(view[have:])
-                if not n:
-                    raise ConnectionLostError(f"connection to {self.address} closed by the server")
-                have += n
+                have += self._receive(sock, view[have:])
         except BaseException:
             buf += view[:have]
             raise
