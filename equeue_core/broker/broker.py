@@ -19,7 +19,7 @@ from typing import Any
 from equeue_core import frame as framing
 from equeue_core import msgid, record
 from equeue_core.broker.groups import GroupRegistry
-from equeue_core.broker.long_poll import LateAnswer, PullHold
+from equeue_core.broker.long_poll import HeldPull, LateAnswer, PullHold
 from equeue_core.broker.metrics import BrokerMetrics
 from equeue_core.broker.offset_commits import checked_entries
 from equeue_core.broker.retention import RetentionCleaner
@@ -487,41 +487,20 @@ class Broker:
         """Hold the pull (its first read found nothing) until records arrive or deadline: an
         arrival reads again and answers in the appending turn itself (long_poll.py); a read that
         still finds nothing (a tag filter) holds on. Errors are answered like handle's."""
-        loop = asyncio.get_running_loop()
-        late = LateAnswer(loop)
         parked_at = time.perf_counter()
 
-        def attempt(final: bool) -> None:
-            if late.done():
-                return  # cancelled: the connection went away
+        def answer(final: bool) -> Frame | None:
             try:
                 res = self._pull_read(frame, topic, queue_id, offset, max_count, tag_hashes)
                 if type(res) is Frame:
-                    answer = res
-                elif res.count or res.next_offset != offset or final or time.monotonic() >= deadline:
-                    answer = self._pull_answer(frame, topic, res, arrived, time.perf_counter() - parked_at)
-                else:
-                    self.hold.park(topic, queue_id, woken)
-                    return
+                    return res
+                if res.count or res.next_offset != offset or final or time.monotonic() >= deadline:
+                    return self._pull_answer(frame, topic, res, arrived, time.perf_counter() - parked_at)
+                return None
             except Exception as e:
-                answer = self._failed(frame, e)
-            timer.cancel()
-            self.hold.discard(topic, queue_id, woken)
-            late.remove_done_callback(forget)
-            late.answer(answer)
+                return self._failed(frame, e)
 
-        def woken() -> None:
-            attempt(False)
-
-        def forget(_: asyncio.Future) -> None:
-            if late.cancelled():
-                timer.cancel()
-                self.hold.discard(topic, queue_id, woken)
-
-        timer = loop.call_later(max(0.0, deadline - time.monotonic()), attempt, True)
-        self.hold.park(topic, queue_id, woken)
-        late.add_done_callback(forget)
-        return late
+        return HeldPull(self.hold, topic, queue_id, deadline, answer).late
 
     def _pull_read(self, frame: Frame, topic: str, queue_id: int, offset: int, max_count: int,
                    tag_hashes: frozenset | None):

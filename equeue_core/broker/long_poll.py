@@ -1,5 +1,6 @@
 """PullHold: pulls that found nothing wait here until their queue gets a message or time runs out.
-LateAnswer: how such a pull's answer reaches the transport.
+HeldPull: one such pull, from parking to its answer. LateAnswer: how that answer reaches the
+transport.
 
 Arrival wakes the held pulls of that queue at once; nothing polls. The wake-up is a plain call
 made inside `notify`, i.e. inside the append that stored the message: a held pull reads and
@@ -12,6 +13,7 @@ end-to-end latency to about a third, docs/benchmarks.md.)
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from equeue_core.frame import Frame
@@ -60,6 +62,59 @@ class PullHold:
         return sum(len(w) for w in self._waiting.values())
 
 
+class HeldPull:
+    """One pull parked on its queue until an arrival (PullHold.notify) or its deadline (a loop
+    timer), then answered once through `late`. `answer(final)` gives the pull's answer frame, or
+    None to stay parked (nothing for it yet and not `final`); it must not raise.
+
+    Plain references, all dropped when the pull ends (timer cancelled, waker unparked, done
+    callback removed), so an answered pull is freed by reference counting. (Written as closures
+    that called each other, every held pull was a reference cycle of some 25 objects left to the
+    cyclic GC: at 5k msg/s its collections paused the broker's loop for 0.2-2 ms every few
+    milliseconds, and for 20 ms now and then, docs/benchmarks.md.)"""
+
+    __slots__ = ("_hold", "_topic", "_queue_id", "_answer", "late", "_timer")
+
+    def __init__(self, hold: PullHold, topic: str, queue_id: int, deadline: float,
+                 answer: Callable[[bool], Frame | None]) -> None:
+        """`deadline`: time.monotonic() at which the pull is answered whatever it finds."""
+        loop = asyncio.get_running_loop()
+        self._hold = hold
+        self._topic = topic
+        self._queue_id = queue_id
+        self._answer = answer
+        self.late = LateAnswer(loop)
+        self._timer: asyncio.TimerHandle | None = loop.call_later(
+            max(0.0, deadline - time.monotonic()), self._attempt, True)
+        hold.park(topic, queue_id, self._woken)
+        self.late.add_done_callback(self._forget)
+
+    def _woken(self) -> None:
+        self._attempt(False)
+
+    def _attempt(self, final: bool) -> None:
+        late = self.late
+        if late.done():
+            return  # cancelled: the connection went away
+        frame = self._answer(final)
+        if frame is None:
+            self._hold.park(self._topic, self._queue_id, self._woken)
+            return
+        self._end()
+        late.remove_done_callback(self._forget)
+        late.answer(frame)
+
+    def _forget(self, late: asyncio.Future) -> None:
+        if late.cancelled():
+            self._end()
+
+    def _end(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._hold.discard(self._topic, self._queue_id, self._woken)
+
+
 class LateAnswer(asyncio.Future):
     """The answer to a request that waits (a held pull), given by `answer(frame)` from a later
     callback. Awaitable like any future, so any transport can await it in a task; a transport
@@ -81,3 +136,7 @@ class LateAnswer(asyncio.Future):
         listener, self._listener = self._listener, None
         if listener is not None:
             listener(frame)
+
+    def cancel(self, msg: object = None) -> bool:
+        self._listener = None  # (it refers back to this answer: no cycle left for the GC)
+        return super().cancel(msg)
