@@ -30,6 +30,9 @@ from .store_info import load_store_info
 log = logging.getLogger(__name__)
 
 _EMPTY = memoryview(b"")
+# A queue keeps the entries of its last add in memory when it added at most this many (a one-by-one
+# sender's); bigger batches are read back with a pread like the rest (bounded memory per queue).
+TAIL_ENTRIES = 32
 _RETIRE_SECONDS = 30.0
 
 
@@ -53,6 +56,9 @@ class _Queue:
     sealed: list[int] = field(default_factory=list)   # older write fds awaiting a last fsync
     read_fds: dict[int, int] = field(default_factory=dict)
     dirty: bool = False            # written since the flusher last fsynced it
+    # (first offset, entries) of the last small add: a pull that follows the writer (a held pull
+    # woken by that very append) reads its entries here instead of with a pread
+    tail: tuple[int, bytes] | None = None
 
 
 class FileQueueIndex:
@@ -146,9 +152,11 @@ class FileQueueIndex:
         per = self.entries_per_file
         if q.fd >= 0 and q.end + n <= q.fd_first + per:  # the common case: one write, no roll
             _write_all(q.fd, entries)
+            q.tail = (q.end, bytes(entries)) if n <= TAIL_ENTRIES else None
             q.end += n
             q.dirty = True
             return
+        q.tail = None
         mv = memoryview(entries)
         done = 0
         while done < n:
@@ -191,6 +199,7 @@ class FileQueueIndex:
         if containing in q.files:
             os.truncate(os.path.join(q.path, file_name(containing)), (offset - containing) * INDEX_ENTRY_SIZE)
         q.end = offset
+        q.tail = None
         self._dirs_to_sync.add(q.path)
         return dropped
 
@@ -206,6 +215,7 @@ class FileQueueIndex:
             except FileNotFoundError:
                 pass
         q.files = []
+        q.tail = None
         q.min_offset = q.end = first_offset
         self._dirs_to_sync.add(q.path)
 
@@ -256,6 +266,10 @@ class FileQueueIndex:
         count = min(max_count, q.end - offset)
         if count <= 0 or offset < q.min_offset:
             return _EMPTY
+        tail = q.tail
+        if tail is not None and tail[0] <= offset and offset + count <= q.end:
+            start = (offset - tail[0]) * INDEX_ENTRY_SIZE
+            return memoryview(tail[1])[start:start + count * INDEX_ENTRY_SIZE]
         per = self.entries_per_file
         parts = []
         while count > 0:

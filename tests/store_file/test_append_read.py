@@ -296,3 +296,31 @@ def test_second_writer_on_the_same_directory_is_refused(tmp_path) -> None:
     store.close()
     again, _ = open_store(tmp_path)
     again.close()
+
+
+def test_index_reads_of_the_last_small_add_agree_with_the_files_and_never_go_stale(tmp_path) -> None:
+    """The entries of a queue's last small add are read from memory (a held pull woken by that
+    add): the same bytes a reader of the files gets, for any offset and count inside them, and
+    nothing of them once the index is truncated there (an undone append) and written anew."""
+    from equeue_plugins.store_file.queue_index import TAIL_ENTRIES, FileQueueIndex
+
+    from .helpers import settings
+
+    store, _ = open_store(tmp_path)
+    index = store.index
+    files = FileQueueIndex(settings(tmp_path), read_only=True)
+    for n in (1, 3, TAIL_ENTRIES, TAIL_ENTRIES + 1, 2):
+        append(store, n)
+    lo, hi = index.queue_range("t", 0)
+    assert index._queues[("t", 0)].tail is not None  # the last add (2 entries) is kept
+    for offset in range(max(lo, hi - 40), hi):
+        for count in (1, 2, 5, 64):
+            assert bytes(index.read("t", 0, offset, count)) == bytes(files.read("t", 0, offset, count))
+    before = bytes(index.read("t", 0, hi - 2, 2))
+    index.truncate("t", 0, hi - 2)
+    assert bytes(index.read("t", 0, hi - 2, 2)) == b""
+    other = bytes(b ^ 0xFF for b in before)
+    index.add("t", 0, hi - 2, other)
+    assert bytes(index.read("t", 0, hi - 2, 2)) == other == bytes(files.read("t", 0, hi - 2, 2))
+    files.close()
+    store.close()
