@@ -193,10 +193,10 @@ class TcpServerConnection(asyncio.BufferedProtocol):
             else:
                 self._on_lone(lone)
         finally:
-            writer.release()
             server.parsing -= 1
             if server.late and not server.parsing:
-                server.write_late()  # held pulls this read woke, after its own answers
+                server.write_late()  # held pulls this read woke leave before its own answers
+            writer.release()
         if self.reader.partial:
             self._last_data = self.last_activity
             if self._timer is None:
@@ -283,8 +283,9 @@ class TcpServerConnection(asyncio.BufferedProtocol):
         writer = self._writer
         if response is None or request.flags & wire.FLAG_ONEWAY or self._closed:
             return
-        if writer is None or writer.pending_bytes or self._transport is None or self._transport.is_closing():
-            self._respond(request, response)
+        if (writer is None or writer.pending_bytes or self._server.late or self._transport is None
+                or self._transport.is_closing()):
+            self._respond(request, response)  # (after the held pulls this read woke: buffer_updated)
             return
         buffers = self._encoded(request, response)
         if len(buffers) == 1:
@@ -326,8 +327,9 @@ class TcpServerConnection(asyncio.BufferedProtocol):
     def _late_answer(self, request: wire.Frame, late: object, response: wire.Frame | None) -> None:
         """A late answer given (contracts.ImmediateServerHandler), usually inside another
         request's handling (the append that woke a held pull): written into this connection's
-        writer now, and handed to the kernel right after the read being parsed has sent its own
-        answers (the waking send's acknowledgement leaves first), or with them when the read is
+        writer now, and handed to the kernel once the read being parsed is parsed, just before
+        that read's own answers (the consumer's wake-up is the latency a user measures; the
+        waking send's acknowledgement follows a syscall later), or with them when the read is
         this connection's own, or at once outside any read. Requests waiting for this
         connection's budget start on the next turn, not nested in there."""
         self._late.discard(late)
@@ -434,8 +436,8 @@ class TcpServer:
         self.late: list = []  # writers holding late answers given meanwhile (TcpServerConnection._late_answer)
 
     def write_late(self) -> None:
-        """Hand the late answers given while a read was parsed to the kernel (after that read's
-        own answers left)."""
+        """Hand the late answers given while a read was parsed to the kernel (before that read's
+        own answers)."""
         late, self.late = self.late, []
         for writer in late:
             writer.flush()
