@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from equeue_core.broker.metrics import observe_gc_pauses
 from equeue_core.client import AdminClient, Message, Producer
 from tests.helpers.broker import BrokerProcess, free_port
 from tests.helpers.consume import consume
@@ -112,6 +114,26 @@ def test_broker_stats_request_gives_the_same_figures_as_the_endpoint(metrics_bro
     assert stats["topics"]["t"]["messages_in"] == 10
     assert value(m["equeue_messages_in"], "equeue_messages_in_total", topic="t") == 10
     assert stats["disk"]["store_bytes"] > 0 and stats["recovery"]["clean"] is True
+    # the GC pause histogram is the same figure in both: a count that only grows, scraped after
+    # the stats were taken (how many collections the process ran is its own business)
+    assert sum(stats["latency"]["gc"]["counts"]) <= value(m["equeue_gc_pause_seconds"],
+                                                          "equeue_gc_pause_seconds_count")
+    assert len([x for x in m["equeue_gc_pause_seconds"] if x.name == "equeue_gc_pause_seconds_bucket"]) == 17
+
+
+def test_gc_pauses_are_timed_in_every_collection_until_stopped():
+    seen: list[float] = []
+    stop = observe_gc_pauses(seen.append)
+    try:
+        gc.collect()
+        gc.collect(0)
+    finally:
+        stop()
+    timed = len(seen)
+    assert timed >= 2 and all(0 <= s < 60 for s in seen)
+    gc.collect()
+    stop()  # twice is harmless
+    assert len(seen) == timed
 
 
 def test_recovery_figures_of_a_crash_show_on_the_next_start(tmp_path):

@@ -4,8 +4,10 @@ Two kinds of figure, kept apart on purpose:
 
 - **Counted** as requests go by: messages and bytes in and out per topic (one dict update per
   stored or pulled *batch*, never per message), and latency histograms of send, pull and flush
-  (one bisect per request or flush round). These are plain ints in plain dicts, touched only on
-  the thread that owns them (the event loop; the flusher thread for flushes).
+  (one bisect per request or flush round), and of the process's GC pauses (one per collection).
+  These are plain ints in plain dicts, touched only on the thread that owns them (the event loop;
+  the flusher thread for flushes; for GC pauses whichever thread the collection ran in, one at a
+  time).
 - **Computed when read**: consumer-group lag per queue, held pulls, connections, store size and
   free disk, scheduler backlog, retention releases, recovery figures. Nothing on the hot path
   keeps them up to date; `snapshot()` reads them from the broker's state when someone asks.
@@ -18,6 +20,7 @@ the console and Prometheus always agree. docs/operations.md describes every figu
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import shutil
 import time
@@ -57,6 +60,30 @@ class LatencyHistogram:
         return {"buckets": list(LATENCY_BUCKETS), "counts": list(self.counts), "sum": self.sum}
 
 
+def observe_gc_pauses(observe: Callable[[float], None]) -> Callable[[], None]:
+    """Time every collection of the cyclic GC in this process (gc.callbacks) and hand its pause, in
+    seconds, to `observe`; returns the function that stops it. A collection holds the GIL, so the
+    broker's loop waits for it: a request path that leaves reference cycles behind pays here (each
+    held pull did once: docs/benchmarks.md, "The broker's cyclic garbage")."""
+    started = [0.0]
+
+    def timed(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            observe(time.perf_counter() - started[0])
+
+    gc.callbacks.append(timed)
+
+    def stop() -> None:
+        try:
+            gc.callbacks.remove(timed)
+        except ValueError:
+            pass
+
+    return stop
+
+
 def dir_size(path: str) -> int:
     """Bytes the files under path occupy on disk (allocated blocks, so sparse files such as an
     LMDB map count what they really use)."""
@@ -92,13 +119,16 @@ class BrokerMetrics:
         self.send_latency = LatencyHistogram()
         self.pull_latency = LatencyHistogram()
         self.flush_latency = LatencyHistogram()
+        self.gc_pauses = LatencyHistogram()
         self._unobserve: Callable[[], None] | None = None
+        self._unobserve_gc: Callable[[], None] | None = None
         self.endpoint: Any = None  # the Prometheus endpoint, when metrics_port is not 0
 
     def start(self, host: str, port: int) -> tuple[str, int] | None:
         """Time the store's flush rounds (every store flushes through equeue_core.flush) and, unless
         port is 0, serve /metrics on host:port. Returns the endpoint's address, or None."""
         self._unobserve = flush.observe_flushes(self.flush_latency.observe)
+        self._unobserve_gc = observe_gc_pauses(self.gc_pauses.observe)
         if not port:
             return None
         from equeue_core.broker.prometheus import MetricsEndpoint
@@ -110,6 +140,9 @@ class BrokerMetrics:
         if self._unobserve is not None:
             self._unobserve()
             self._unobserve = None
+        if self._unobserve_gc is not None:
+            self._unobserve_gc()
+            self._unobserve_gc = None
         if self.endpoint is not None:
             await asyncio.to_thread(self.endpoint.close)
             self.endpoint = None
@@ -166,7 +199,7 @@ class BrokerMetrics:
                          "rebuilt_entries": rec.rebuilt_entries, "records": rec.records,
                          "seconds": self.recovery_seconds},
             "latency": {"send": self.send_latency.snapshot(), "pull": self.pull_latency.snapshot(),
-                        "flush": self.flush_latency.snapshot()},
+                        "flush": self.flush_latency.snapshot(), "gc": self.gc_pauses.snapshot()},
         }
 
     def disk(self) -> dict[str, int]:

@@ -62,6 +62,9 @@ def families(snap: dict[str, Any]) -> Iterator[Metric]:
                      lat["flush"])
     yield CounterMetricFamily("equeue_fsyncs", "Flush rounds that made written data durable (group commits).",
                               value=sum(lat["flush"]["counts"]))
+    yield _histogram("equeue_gc_pause_seconds",
+                     "Collections of the broker process's cyclic garbage collector (the loop waits for each).",
+                     lat["gc"])
 
     yield GaugeMetricFamily("equeue_held_pulls", "Pull requests parked until a message arrives (long polling).",
                             value=snap["held_pulls"])

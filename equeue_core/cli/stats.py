@@ -115,9 +115,11 @@ class StatsView:
         latency = Table(title="latency since the last refresh", title_justify="left", box=box.SIMPLE_HEAD)
         for col in ("request", "per s", "p50", "p99"):
             latency.add_column(col, justify="left" if col == "request" else "right", no_wrap=True)
-        for kind in ("send", "pull", "flush"):
-            h = snap["latency"][kind]
-            p = prev["latency"][kind] if prev else None
+        for kind in ("send", "pull", "flush", "gc"):
+            h = snap["latency"].get(kind)  # (a broker older than the gc figure has none)
+            if h is None:
+                continue
+            p = prev["latency"].get(kind) if prev else None
             n = sum(h["counts"]) - (sum(p["counts"]) if p else 0)
             latency.add_row(kind, f"{n / dt:,.0f}" if dt > 0 else "-", quantile(h, p, 0.5), quantile(h, p, 0.99))
         return Group(head, topics, groups, latency)
