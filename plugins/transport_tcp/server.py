@@ -12,8 +12,8 @@ Guarantees the broker relies on:
   returns an awaitable, a task awaits it. Admission and the bounds below count it the same way.
   An awaitable with `listen` (a late answer: a held pull, equeue_core.broker.long_poll) gets no
   task: its answer is written in the very callback that gives it (the append that woke the
-  pull) and handed to the kernel right after that read's own answers (the send's
-  acknowledgement first), in the same loop turn. A read that is exactly one small frame (a
+  pull) and handed to the kernel in the same loop turn as that read's own answers: before them
+  when the read woke pulls on at most LATE_FIRST_MAX connections, after them otherwise. A read that is exactly one small frame (a
   peer waiting for each answer) skips the admission's hand-offs when it would start at once
   (`_on_lone`), counted the same way.
 - A handler that raises gets an error response (its EQueueError code, else "error"), never a hang.
