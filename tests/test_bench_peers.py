@@ -91,6 +91,9 @@ def test_every_workload_row_is_well_formed(equeue_and_installed_peers, driver):
             else:
                 assert row["count"] > 0 and row["seconds"] > 0 and row["msgs_per_s"] > 0, row
     if driver == "equeue":  # our own: send_async too, and produce/single sends with flush=sync
+        for row in rows:
+            if row.get("system") == "equeue" and row.get("workload") == "latency":
+                assert row["broker_gc_collections"] >= 0 and row["broker_gc_ms"] >= 0, row
         modes = {(row["workload"], row["mode"], row.get("flush")) for row in rows if row.get("system") == "equeue"}
         assert {("produce", "async", "async"), ("produce", "batch", "sync"), ("single", "sync-each", "sync")} <= modes
 

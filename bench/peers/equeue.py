@@ -108,6 +108,23 @@ def single(info: dict, system: str, name: str, size: int, count: int, budget: fl
     return rate_row(done, elapsed)
 
 
+def _broker_gc(info: dict) -> tuple[int, float]:
+    """The broker's GC collections so far and their summed pause in ms (BROKER_STATS latency.gc)."""
+    from equeue_core.client import AdminClient
+
+    with AdminClient(info["address"]) as admin:
+        h = admin.stats()["latency"]["gc"]
+    return sum(h["counts"]), h["sum"] * 1000
+
+
+def _with_broker_gc(row: dict, info: dict, before: tuple[int, float]) -> dict:
+    """A latency row plus the broker's GC collections during it: a request path that leaves
+    reference cycles shows here before it shows in the percentiles (docs/benchmarks.md)."""
+    after = _broker_gc(info)
+    return {**row, "broker_gc_collections": after[0] - before[0],
+            "broker_gc_ms": round(after[1] - before[1], 3)}
+
+
 def latency_receiver(info: dict, system: str, name: str, size: int, count: int, rate: int, seconds: float,
                      spin: bool, call: str = "send") -> dict:
     """The LitePullConsumer (poll in this thread, as the Redis receiver's XREAD BLOCK); with a
@@ -125,6 +142,7 @@ def latency_receiver(info: dict, system: str, name: str, size: int, count: int, 
     try:
         c.subscribe(name)
         c.poll(0.2)  # the first pulls are in flight before the sender starts
+        gc_before = _broker_gc(info)
         print("ready", flush=True)
         deadline = time.monotonic() + seconds + 30
         while len(lat) < count and time.monotonic() < deadline:
@@ -134,7 +152,7 @@ def latency_receiver(info: dict, system: str, name: str, size: int, count: int, 
                     lat.append(ms)
     finally:
         c.close()
-    return summary(lat)
+    return _with_broker_gc(summary(lat), info, gc_before)
 
 
 def _push_latency(info: dict, name: str, count: int, seconds: float) -> dict:
@@ -160,10 +178,11 @@ def _push_latency(info: dict, name: str, count: int, seconds: float) -> dict:
     while not c.assigned_queues() and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.2)
+    gc_before = _broker_gc(info)
     print("ready", flush=True)
     done.wait(seconds + 30)
     c.close()
-    return summary(lat)
+    return _with_broker_gc(summary(lat), info, gc_before)
 
 
 def latency_sender(info: dict, system: str, name: str, size: int, count: int, rate: int, seconds: float,
