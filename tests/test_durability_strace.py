@@ -1,5 +1,6 @@
 """Prove durability from the outside: with `--flush sync`, every send is answered only after an
-fsync that covers its bytes, and concurrent sends share fsyncs (group commit).
+fsync that covers its bytes, and concurrent sends share fsyncs (group commit) on a disk whose
+fsync is slow (strace delays each one's return).
 
 `kill -9` cannot show this (the page cache survives it), so the broker runs under strace and the
 test reads the system calls: which file each descriptor is (openat/close; sockets from accept),
@@ -40,6 +41,7 @@ RESUMED = re.compile(r"^<\.\.\. (\w+) resumed>(.*)")
 RESULT = re.compile(r"\)\s+= (-?\d+)")
 HEX = re.compile(r'"((?:\\x[0-9a-f]{2})*)"')
 PRODUCERS = 8
+SLOW_FSYNC_US = 5000
 
 
 @dataclass
@@ -122,9 +124,13 @@ def test_sync_flush_answers_a_send_only_after_an_fsync_that_covers_it(tmp_path, 
     strace = shutil.which("strace")
     assert strace, "strace is missing: `make system-deps` installs it (Makefile DEBIAN_TEST_PACKAGES)"
     trace = tmp_path / "trace.txt"
+    # Every fsync returns SLOW_FSYNC_US late (strace's delay injection: a slow disk). Group
+    # commit shows only when sends arrive during an fsync; on a fast disk a traced broker took
+    # longer per send than the disk per fsync, so the sends were serialized and one CI run in a
+    # few saw no fsync shared (1600 sends, 1600 fsyncs).
     b = BrokerProcess(tmp_path / "data", transport=transport, flush="sync",
                       prefix=[strace, "-f", "-tt", "-T", "-xx", "-s", "4096", "-o", str(trace),
-                              "-e", f"trace={SYSCALLS}"])
+                              "-e", f"trace={SYSCALLS}", "-e", f"inject=fsync,fdatasync:delay_exit={SLOW_FSYNC_US}"])
     b.start(timeout=120)
     acked: list[int] = []
     lock = threading.Lock()
