@@ -5,7 +5,8 @@ A broker process (file store, tcp, flush async), a topic of 4 queues, a sender p
 `send` at a steady rate (sleeping between sends), and a push Consumer in this process whose
 handler notes the time. The split point is HandlerPool.submit, timed by wrapping it in this
 process (a probe, not a change to the client). Prints one JSON line per --threads value, with
-p50/p90/p99/max in ms of each part and of the whole.
+p50/p90/p99/max in ms of each part and of the whole, and this process's CPU and context switches
+per message (`consumer_cpu_us_per_msg`, `consumer_switches_per_msg`, from getrusage).
 
     .venv/bin/python -m bench.bench_push_handoff                     # 10k messages at 5k/s, threads 1 and 8
     .venv/bin/python -m bench.bench_push_handoff --threads 1,2,4,8 --count 20000
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -40,6 +42,15 @@ def role_send(address: str, count: int, rate: int) -> None:
 
     with Producer(address) as p:
         paced(count, rate, False, lambda i: p.send(Message("handoff", stamp(100))))
+
+
+def _process_cost(before: resource.struct_rusage, after: resource.struct_rusage, n: int) -> dict:
+    """This process's CPU and context switches (all its threads: the client loop and the
+    handler workers) per message handled while the sender ran."""
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    switches = (after.ru_nvcsw + after.ru_nivcsw) - (before.ru_nvcsw + before.ru_nivcsw)
+    return {"consumer_cpu_us_per_msg": round(cpu / max(1, n) * 1e6, 1),
+            "consumer_switches_per_msg": round(switches / max(1, n), 2)}
 
 
 def run(address: str, offset_dir: str, group: str, count: int, rate: int, threads: int) -> dict:
@@ -72,9 +83,11 @@ def run(address: str, offset_dir: str, group: str, count: int, rate: int, thread
         while not c.assigned_queues() and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.3)
+        before = resource.getrusage(resource.RUSAGE_SELF)
         sender = subprocess.run([sys.executable, "-m", "bench.bench_push_handoff", "--role-send", address,
                                  str(count), str(rate)], cwd=ROOT, timeout=count / rate + 120)
         done.wait(30)
+        after = resource.getrusage(resource.RUSAGE_SELF)
         c.close()
     finally:
         handler_pool.HandlerPool.submit = real_submit
@@ -86,6 +99,7 @@ def run(address: str, offset_dir: str, group: str, count: int, rate: int, thread
     return {"bench": "push_handoff", "threads": threads, "rate": rate, "count": len(seen),
             "sender_rc": sender.returncode,
             "records_per_batch": round(len(seen) / max(1, len(submitted)), 2),
+            **_process_cost(before, after, len(seen)),
             "end_to_end": percentiles([(h - s) / 1e6 for s, h, _ in timed]),
             "sent_to_submit": percentiles([(b - s) / 1e6 for s, _, b in timed]),
             "submit_to_handler": percentiles([(h - b) / 1e6 for _, h, b in timed])}
