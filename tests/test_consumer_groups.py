@@ -21,6 +21,11 @@ from tests.helpers.waiting import wait_until
 
 FAST = dict(heartbeat_interval=0.5, rebalance_interval=1.0, commit_interval=0.5, suspend_seconds=0.1)
 LEVELS = "200ms 300ms 400ms 500ms 600ms 700ms 800ms 900ms"
+# The push Consumer's two threading models: pulls on the loop thread with a worker pool (default),
+# and handler threads that pull their own queues (client/pulling_handlers.py); the tests marked
+# with `model` hold both to the same guarantees.
+MODELS = [pytest.param({}, id="loop_pulls"),
+          pytest.param({"pull_in_handler_threads": True}, id="handler_threads_pull")]
 
 
 @pytest.fixture
@@ -62,7 +67,8 @@ def test_three_consumers_take_exactly_the_strategys_queues(fast_broker, strategy
             c.close()
 
 
-def test_leave_and_join_while_messages_flow_loses_nothing(fast_broker):
+@pytest.mark.parametrize("model", MODELS)
+def test_leave_and_join_while_messages_flow_loses_nothing(fast_broker, model):
     _create(fast_broker.address, "flow", 8)
     total = 50_000
     seen: collections.Counter = collections.Counter()
@@ -80,8 +86,8 @@ def test_leave_and_join_while_messages_flow_loses_nothing(fast_broker):
                 p.send_batch([Message("flow", f"{j}".encode()) for j in range(i, i + 500)])
                 time.sleep(0.01)
 
-    a = Consumer("gf", fast_broker.address, consume_from="first", **FAST).subscribe("flow")
-    b = Consumer("gf", fast_broker.address, consume_from="first", **FAST).subscribe("flow")
+    a = Consumer("gf", fast_broker.address, consume_from="first", **FAST, **model).subscribe("flow")
+    b = Consumer("gf", fast_broker.address, consume_from="first", **FAST, **model).subscribe("flow")
     a.start(handler)
     b.start(handler)
     producer = threading.Thread(target=produce)
@@ -91,7 +97,7 @@ def test_leave_and_join_while_messages_flow_loses_nothing(fast_broker):
         assert wait_until(lambda: len(seen) > 10_000, 60)
         change_started = time.monotonic()
         a.close()  # one consumer leaves mid-stream...
-        c = Consumer("gf", fast_broker.address, consume_from="first", **FAST).subscribe("flow")
+        c = Consumer("gf", fast_broker.address, consume_from="first", **FAST, **model).subscribe("flow")
         c.start(handler)  # ...and another joins
         change_ended = time.monotonic()
         producer.join(120)
@@ -111,7 +117,8 @@ def test_leave_and_join_while_messages_flow_loses_nothing(fast_broker):
     assert not late_or_early, f"{len(late_or_early)} duplicates far from the membership change"
 
 
-def test_failed_messages_retry_with_growing_delays_then_land_in_dlq(fast_broker):
+@pytest.mark.parametrize("model", MODELS)
+def test_failed_messages_retry_with_growing_delays_then_land_in_dlq(fast_broker, model):
     with Producer(fast_broker.address) as p:
         p.send_batch([Message("work", f"{i}".encode(), tag="poison" if i % 10 == 0 else "ok") for i in range(100)])
     attempts: dict[bytes, list[tuple[int, float]]] = collections.defaultdict(list)
@@ -123,7 +130,7 @@ def test_failed_messages_retry_with_growing_delays_then_land_in_dlq(fast_broker)
         if m.tag == "poison":
             raise ValueError("poison message")
 
-    c = Consumer("gr", fast_broker.address, consume_from="first", max_reconsume_times=3, **FAST).subscribe("work")
+    c = Consumer("gr", fast_broker.address, consume_from="first", max_reconsume_times=3, **FAST, **model).subscribe("work")
     c.start(handler)
     poison = [f"{i}".encode() for i in range(0, 100, 10)]
     try:
@@ -404,7 +411,8 @@ def test_orderly_failure_suspends_the_queue_retries_then_dead_letters(fast_broke
     assert bodies[13:] == [f"{i}".encode() for i in range(11, 30)], "order broken after the failure"
 
 
-def test_a_failed_send_back_is_retried_locally_and_holds_the_offset(fast_broker):
+@pytest.mark.parametrize("model", MODELS)
+def test_a_failed_send_back_is_retried_locally_and_holds_the_offset(fast_broker, model):
     with Producer(fast_broker.address) as p:
         p.send_batch([Message("fragile", f"{i}".encode()) for i in range(20)], routing_key="one")
     calls: list[tuple[bytes, int, str]] = []
@@ -419,7 +427,7 @@ def test_a_failed_send_back_is_retried_locally_and_holds_the_offset(fast_broker)
             killed.set()
             raise RuntimeError("fails while the broker is down")
 
-    c = Consumer("gsb", fast_broker.address, consume_from="first", **FAST).subscribe("fragile")
+    c = Consumer("gsb", fast_broker.address, consume_from="first", **FAST, **model).subscribe("fragile")
     c.start(handler)
     started.set()
     try:

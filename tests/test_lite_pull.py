@@ -23,7 +23,7 @@ from equeue_core.errors import (
     TopicNotFoundError,
     TransportError,
 )
-from tests.helpers.broker import BrokerProcess, free_port
+from tests.helpers.broker import BrokerProcess, create_topic, free_port
 from tests.helpers.waiting import wait_until
 
 
@@ -31,12 +31,6 @@ from tests.helpers.waiting import wait_until
 def broker(tmp_path_factory):
     with BrokerProcess(tmp_path_factory.mktemp("lite") / "data") as b:
         yield b
-
-
-def _topic(broker: BrokerProcess, name: str, queues: int) -> str:
-    with AdminClient(broker.address) as admin:
-        admin.create_topic(name, queues)
-    return name
 
 
 def _send(broker: BrokerProcess, topic: str, bodies: list[bytes],
@@ -58,7 +52,7 @@ def _poll_until(c: LitePullConsumer, count: int, timeout: float = 20.0) -> list:
 
 
 def test_assign_polls_every_sent_message_in_per_queue_order(broker):
-    topic = _topic(broker, "lite-order", 4)
+    topic = create_topic(broker, "lite-order", 4)
     bodies = [f"m{i:03d}".encode() for i in range(120)]
     sent = _send(broker, topic, bodies)
     with LitePullConsumer("lite-order-g", broker.address, consume_from="first", pull_batch=8) as c:
@@ -73,7 +67,7 @@ def test_assign_polls_every_sent_message_in_per_queue_order(broker):
 
 
 def test_assign_only_the_given_queues(broker):
-    topic = _topic(broker, "lite-some", 4)
+    topic = create_topic(broker, "lite-some", 4)
     sent = _send(broker, topic, [f"s{i}".encode() for i in range(40)])
     wanted = sorted(sent.get(1, []) + sent.get(3, []))
     assert 0 < len(wanted) < 40
@@ -85,7 +79,7 @@ def test_assign_only_the_given_queues(broker):
 
 
 def test_poll_on_an_empty_topic_returns_nothing_once_its_timeout_passed(broker):
-    topic = _topic(broker, "lite-empty", 2)
+    topic = create_topic(broker, "lite-empty", 2)
     with LitePullConsumer("lite-empty-g", broker.address) as c:
         c.assign(topic)
         start = time.monotonic()
@@ -94,7 +88,7 @@ def test_poll_on_an_empty_topic_returns_nothing_once_its_timeout_passed(broker):
 
 
 def test_a_message_sent_while_poll_waits_is_returned_by_that_poll(broker):
-    topic = _topic(broker, "lite-held", 2)
+    topic = create_topic(broker, "lite-held", 2)
     with LitePullConsumer("lite-held-g", broker.address) as c:
         c.assign(topic)
         assert c.poll(0.1) == []  # the held pulls are in flight now
@@ -108,7 +102,7 @@ def test_a_message_sent_while_poll_waits_is_returned_by_that_poll(broker):
 
 
 def test_commit_then_a_new_consumer_resumes_after_the_committed_offset(broker):
-    topic = _topic(broker, "lite-commit", 2)
+    topic = create_topic(broker, "lite-commit", 2)
     _send(broker, topic, [f"c{i}".encode() for i in range(20)], key_of=lambda i: "k")  # one queue
     c = LitePullConsumer("lite-commit-g", broker.address, consume_from="first", pull_batch=5)
     c.assign(topic)
@@ -130,7 +124,7 @@ def _committed(broker: BrokerProcess, group: str, topic: str, queue_id: int) -> 
 def test_auto_commit_and_close_commit_what_the_caller_came_back_from_but_not_the_last_poll(broker):
     """At least once: the messages of the last poll (the caller did not come back from them) are
     not committed, so the next consumer gets them again; the earlier ones are not repeated."""
-    topic = _topic(broker, "lite-auto", 1)
+    topic = create_topic(broker, "lite-auto", 1)
     _send(broker, topic, [f"a{i}".encode() for i in range(12)])
     c = LitePullConsumer("lite-auto-g", broker.address, consume_from="first", pull_batch=4,
                          auto_commit_interval=0.0)
@@ -148,7 +142,7 @@ def test_auto_commit_and_close_commit_what_the_caller_came_back_from_but_not_the
 
 
 def test_two_subscribed_members_split_the_queues_and_the_survivor_takes_all(broker):
-    topic = _topic(broker, "lite-group", 4)
+    topic = create_topic(broker, "lite-group", 4)
     a = LitePullConsumer("lite-group-g", broker.address, consume_from="first", rebalance_interval=1.0)
     b = LitePullConsumer("lite-group-g", broker.address, consume_from="first", rebalance_interval=1.0)
     try:
@@ -184,7 +178,7 @@ def test_two_subscribed_members_split_the_queues_and_the_survivor_takes_all(brok
 
 
 def test_seek_back_returns_the_messages_again(broker):
-    topic = _topic(broker, "lite-seek", 1)
+    topic = create_topic(broker, "lite-seek", 1)
     _send(broker, topic, [f"k{i}".encode() for i in range(6)])
     with LitePullConsumer("lite-seek-g", broker.address, consume_from="first") as c:
         c.assign(topic)
@@ -197,7 +191,7 @@ def test_seek_back_returns_the_messages_again(broker):
 
 
 def test_tag_expression_returns_only_matching_messages(broker):
-    topic = _topic(broker, "lite-tags", 1)
+    topic = create_topic(broker, "lite-tags", 1)
     with Producer(broker.address) as p:
         for i in range(10):
             p.send(Message(topic, f"t{i}".encode(), tag="even" if i % 2 == 0 else "odd"))
@@ -209,7 +203,7 @@ def test_tag_expression_returns_only_matching_messages(broker):
 
 
 def test_close_from_another_thread_ends_a_waiting_poll(broker):
-    topic = _topic(broker, "lite-close", 1)
+    topic = create_topic(broker, "lite-close", 1)
     c = LitePullConsumer("lite-close-wait-g", broker.address)
     c.assign(topic)
     result: list = []
@@ -225,7 +219,7 @@ def test_close_from_another_thread_ends_a_waiting_poll(broker):
 
 
 def test_unknown_topic_and_queue_are_clear_errors(broker):
-    _topic(broker, "lite-known", 2)
+    create_topic(broker, "lite-known", 2)
     with LitePullConsumer("lite-err-g", broker.address) as c:
         with pytest.raises(TopicNotFoundError, match="lite-nope"):
             c.assign("lite-nope")
@@ -261,7 +255,7 @@ def test_zmq_address_is_refused_with_a_config_error():
 def test_over_tls_poll_returns_messages_and_close_ends_a_waiting_poll(tmp_path, transport):
     b = BrokerProcess(tmp_path / "data", transport=transport).start()
     try:
-        topic = _topic(b, "lite-tls", 2)
+        topic = create_topic(b, "lite-tls", 2)
         sent = _send(b, topic, [f"t{i}".encode() for i in range(10)])
         c = LitePullConsumer("lite-tls-g", b.address, consume_from="first")
         c.assign(topic)
@@ -280,7 +274,7 @@ def test_over_tls_poll_returns_messages_and_close_ends_a_waiting_poll(tmp_path, 
 
 def test_a_broker_that_stops_answering_ends_poll_with_a_timeout_and_poll_recovers(broker):
     """A hung broker (SIGSTOP: no FIN, no answers) must not leave poll returning [] for ever."""
-    topic = _topic(broker, "lite-hung", 1)
+    topic = create_topic(broker, "lite-hung", 1)
     c = LitePullConsumer("lite-hung-g", broker.address, hold_ms=100, request_timeout=0.5)
     try:
         c.assign(topic)
@@ -308,7 +302,7 @@ def test_catching_up_on_many_queues_keeps_at_most_max_backlog_queues_of_their_pu
     """40 queues with 60 messages each and 3 turns: after every poll at most 3 queues with a
     backlog have a pull out (without turns every one of the 40 re-pulls at once, and the broker
     builds all 40 answers). Every message still comes back once, in per-queue order."""
-    topic = _topic(broker, "lite-turns", 40)
+    topic = create_topic(broker, "lite-turns", 40)
     bodies = [f"t{i:04d}".encode() for i in range(2400)]
     with Producer(broker.address) as p:
         futures = [p.send_async(Message(topic, b), routing_key=f"k{i}") for i, b in enumerate(bodies)]
@@ -339,7 +333,7 @@ def test_pulls_held_at_the_broker_never_wait_for_a_turn(broker):
     """One turn, every queue caught up (its pull held at the broker for 30 s), then 1200
     messages to two queues: all come back well before the holds end. Held pulls taking turns
     would leave those messages behind a 30 s hold."""
-    topic = _topic(broker, "lite-held", 6)
+    topic = create_topic(broker, "lite-held", 6)
     with LitePullConsumer("lite-held-g", broker.address, consume_from="last", pull_batch=16,
                           hold_ms=30000, max_backlog_queues=1) as c:
         c.assign(topic)
@@ -356,7 +350,7 @@ def test_pulls_held_at_the_broker_never_wait_for_a_turn(broker):
 def test_seek_on_a_queue_holding_a_turn_hands_the_turn_on(broker):
     """One turn and three queues with a backlog: seeking the queue that holds the turn (its
     pull's answer is dropped) passes the turn to a waiting queue; nothing stalls and no turn leaks."""
-    topic = _topic(broker, "lite-seek-turn", 3)
+    topic = create_topic(broker, "lite-seek-turn", 3)
     sent = _send(broker, topic, [f"s{i:03d}".encode() for i in range(300)])
     assert len(sent) == 3
     with LitePullConsumer("lite-seek-turn-g", broker.address, consume_from="first", pull_batch=4,
@@ -391,7 +385,7 @@ def test_a_queue_with_a_backlog_is_read_in_one_pull_and_its_start_asked_with_the
     come from one QUERY_OFFSET, not one per queue."""
     from equeue_core.client.connection import BrokerConnection
 
-    topic = _topic(broker, f"lite-expect-{mode}", 40)
+    topic = create_topic(broker, f"lite-expect-{mode}", 40)
     sent = _send(broker, topic, [f"e{i:03d}".encode() for i in range(300)], key_of=lambda i: "one")
     assert len(sent) == 1
     queries = []
@@ -417,7 +411,7 @@ def test_a_rebalance_while_catching_up_with_one_turn_loses_no_turn_and_no_messag
     """A member catching up on 8 queues with one turn; a second member joins (the first gives up
     half its queues, one of them maybe holding the turn or waiting for it) and leaves again (the
     first takes them back). Every message arrives, and the first member's turns add up."""
-    topic = _topic(broker, "lite-rebalance-turns", 8)
+    topic = create_topic(broker, "lite-rebalance-turns", 8)
     bodies = [f"r{i:04d}".encode() for i in range(1600)]
     _send(broker, topic, bodies)
     a = LitePullConsumer("lite-rt-g", broker.address, consume_from="first", rebalance_interval=1.0,

@@ -71,6 +71,44 @@ def checked_backlog_queues(value: Any) -> int:
     return value
 
 
+def run_handler(handler: Callable[..., Any], batch_size: int, msgs: list[ReceivedMessage],
+                results: list[bool | None], base: int = 0, stop_on_failure: bool = False,
+                keep_going: Callable[[], bool] | None = None) -> bool:
+    """Call a blocking handler over msgs in this thread: one message a call, or lists of
+    `batch_size` when that is above 1. results[base + i] becomes True (handled) or False (it
+    raised); a message not run stays None. Before each call keep_going() may say stop; with
+    stop_on_failure the first failure stops the run. False if it stopped early. The one place
+    both the push Consumer's workers and its pulling handler threads run user code."""
+    if batch_size > 1:
+        for i in range(0, len(msgs), batch_size):
+            if keep_going is not None and not keep_going():
+                return False
+            part = msgs[i:i + batch_size]
+            try:
+                handler(part)
+                ok = True
+            except Exception:
+                log.exception("handler failed on a batch of %d", len(part))
+                ok = False
+            for j in range(base + i, base + i + len(part)):
+                results[j] = ok
+            if not ok and stop_on_failure:
+                return False
+        return True
+    for i, m in enumerate(msgs, base):
+        if keep_going is not None and not keep_going():
+            return False
+        try:
+            handler(m)
+            results[i] = True
+        except Exception as e:
+            log.info("handler failed on %s/%d@%d: %r", m.topic, m.queue_id, m.queue_offset, e)
+            results[i] = False
+            if stop_on_failure:
+                return False
+    return True
+
+
 class _BacklogSlot:
     """One of a consumer's `max_backlog_queues` slots, held by a queue's pull loop from its first
     pull of a known backlog (`ProcessQueue.behind`: the start point or the last answer said more
@@ -651,36 +689,9 @@ class AsyncConsumer:
     def _run_messages(self, msgs: list[ReceivedMessage], results: list[bool | None], base: int,
                       stop_on_failure: bool, keep_going: Callable[[], bool] | None) -> bool:
         """_run_chunk over msgs, whose results start at results[base]; False if it stopped early."""
-        handler = self._handler
-        assert handler is not None
-        if self.consume_batch_size > 1:
-            for i in range(0, len(msgs), self.consume_batch_size):
-                if keep_going is not None and not keep_going():
-                    return False
-                part = msgs[i:i + self.consume_batch_size]
-                try:
-                    handler(part)
-                    ok = True
-                except Exception:
-                    log.exception("handler failed on a batch of %d", len(part))
-                    ok = False
-                for j in range(base + i, base + i + len(part)):
-                    results[j] = ok
-                if not ok and stop_on_failure:
-                    return False
-            return True
-        for i, m in enumerate(msgs, base):
-            if keep_going is not None and not keep_going():
-                return False
-            try:
-                handler(m)
-                results[i] = True
-            except Exception as e:
-                log.info("handler failed on %s/%d@%d: %r", m.topic, m.queue_id, m.queue_offset, e)
-                results[i] = False
-                if stop_on_failure:
-                    return False
-        return True
+        assert self._handler is not None
+        return run_handler(self._handler, self.consume_batch_size, msgs, results, base, stop_on_failure,
+                           keep_going)
 
     async def _run_chunk_async(self, msgs: list[ReceivedMessage], results: list[bool | None],
                                stop_on_failure: bool = False,
@@ -1024,9 +1035,21 @@ class Consumer:
     `start(handler)` (returns at once; consumption runs in the background), `close()`.
     A handler gets a ReceivedMessage; raising means the message failed."""
 
-    def __init__(self, group: str, broker: str = "127.0.0.1:10911", **options: Any) -> None:
+    def __new__(cls, group: str, broker: str = "127.0.0.1:10911", *, pull_in_handler_threads: bool = False,
+                **options: Any) -> Any:
+        if pull_in_handler_threads:
+            from equeue_core.client.pulling_handlers import PullingHandlerConsumer
+
+            return PullingHandlerConsumer(group, broker, **options)
+        return super().__new__(cls)
+
+    def __init__(self, group: str, broker: str = "127.0.0.1:10911", *, pull_in_handler_threads: bool = False,
+                 **options: Any) -> None:
         """`Consumer(group, broker="h:p")`, or `Consumer(group, nameserver="h:p,h:p")` to consume
-        every broker of a cluster (client/cluster_consumer.py)."""
+        every broker of a cluster (client/cluster_consumer.py). `pull_in_handler_threads=True`:
+        each handler thread pulls its own share of the queues and runs the handler on what it
+        read, one thread wake-up a message instead of two (client/pulling_handlers.py; tcp and
+        tls, clustering, not orderly)."""
         background_loop()
         self._async = AsyncConsumer(group, broker, **options)
 

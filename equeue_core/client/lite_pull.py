@@ -40,6 +40,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from equeue_core.client.connection import BrokerConnection, raise_for_error, signed_header
@@ -203,6 +204,9 @@ class LitePullConsumer:
                                     rebalance_interval=rebalance_interval, client_id=client_id,
                                     **credentials)
         self._mode: str | None = None  # "assign" or "subscribe"
+        # _follow: which of a shared membership's queues are this consumer's (None: all of them)
+        self._part: Callable[[QueueKey], bool] | None = None
+        self._owns_members = True  # False after _follow: close() leaves the group to its owner
         self._members_connected = False
         self._version = 0  # of the membership's assignment applied here
         self._filters: dict[str, tuple[frozenset[str] | None, list[int] | None]] = {}
@@ -223,6 +227,7 @@ class LitePullConsumer:
         self._heard = time.monotonic()  # when a frame last arrived (or the pulls were first sent)
         self._polling = threading.Lock()
         self._closed = False
+        self.last_queue: QueueKey | None = None  # the queue the last poll's messages came from
 
     @property
     def client_id(self) -> str:
@@ -315,11 +320,27 @@ class LitePullConsumer:
         if version == self._version:
             return
         self._version = version
+        part = self._part
+        if part is not None:
+            wanted = {k: v for k, v in wanted.items() if part(k)}
         for key in [k for k in self._queues if k not in wanted]:
             self._remove(key)
         for key, (offset, end) in wanted.items():
             if key not in self._queues:
                 self._add(key, offset, end)
+
+    def _follow(self, members: _Membership, part: Callable[[QueueKey], bool]) -> None:
+        """Pull the queues of another's group membership that `part` picks, with its topic
+        filters: the pulling handler threads of a Consumer (client/pulling_handlers.py) share
+        one membership and split its queues. This consumer neither joins nor leaves the group."""
+        self._check_open()
+        if self._mode is not None:
+            raise ConfigError("_follow() comes before subscribe or assign")
+        self._members = members
+        self._filters = members._filters
+        self._part = part
+        self._owns_members = False  # nor closes the membership's connection
+        self._mode = "subscribe"
 
     def seek(self, topic: str, queue_id: int, offset: int) -> None:
         """The next messages of this (assigned) queue start at `offset`; a commit then records it."""
@@ -365,6 +386,7 @@ class LitePullConsumer:
                 key, frame = self._ready.popleft()
                 msgs = self._take(self._queues[key], frame)
                 if msgs:
+                    self.last_queue = key
                     return msgs
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._closed:
@@ -386,6 +408,12 @@ class LitePullConsumer:
         for queue in self._advanced:
             queue.consumed = queue.returned
         self._advanced.clear()
+
+    def done(self) -> None:
+        """What poll returned so far counts as consumed now, not only at the next poll: the
+        caller handled it (auto-commit, commit() and close() send it). In the polling thread."""
+        with self._polling:
+            self._mark_consumed()
 
     def _pull_idle(self) -> None:
         """A pull for each queue that has none in flight (and is still assigned)."""
@@ -601,7 +629,7 @@ class LitePullConsumer:
                 self._send_commit(list(self._queues.values()), wait=True)
             except EQueueError as e:
                 log.warning("closing LitePullConsumer: commit failed: %s", e)
-            if self._mode == "subscribe":
+            if self._mode == "subscribe" and self._owns_members:
                 run_sync(self._members.close())  # leaves the group
             elif self._members_connected:
                 run_sync(self._members.disconnect())

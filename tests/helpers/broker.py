@@ -146,3 +146,12 @@ class BrokerProcess:
 def start_broker(tmp_path: Path, name: str = "data", **kwargs) -> BrokerProcess:
     """A started broker whose data dir is tmp_path/name; use it as a context manager."""
     return BrokerProcess(Path(tmp_path) / name, **kwargs).start()
+
+
+def create_topic(broker: BrokerProcess, name: str, queues: int) -> str:
+    """Create `name` with `queues` queues on the broker (AdminClient); returns the name."""
+    from equeue_core.client import AdminClient
+
+    with AdminClient(broker.address) as admin:
+        admin.create_topic(name, queues)
+    return name
