@@ -7,9 +7,13 @@ handler notes the time. The split point is HandlerPool.submit, timed by wrapping
 process (a probe, not a change to the client). Prints one JSON line per --threads value, with
 p50/p90/p99/max in ms of each part and of the whole, and this process's CPU and context switches
 per message (`consumer_cpu_us_per_msg`, `consumer_switches_per_msg`, from getrusage).
+`--models loop,pulling` runs each --threads value with the default Consumer (`loop`: pulls on
+the loop thread, a worker pool) and with `pull_in_handler_threads=True` (`pulling`: no hand-off,
+so only the whole end-to-end time is split off; `model` in each line says which).
 
     .venv/bin/python -m bench.bench_push_handoff                     # 10k messages at 5k/s, threads 1 and 8
     .venv/bin/python -m bench.bench_push_handoff --threads 1,2,4,8 --count 20000
+    .venv/bin/python -m bench.bench_push_handoff --threads 8 --models loop,pulling --count 20000
 
 Not a test: nothing here asserts a time.
 """
@@ -53,7 +57,8 @@ def _process_cost(before: resource.struct_rusage, after: resource.struct_rusage,
             "consumer_switches_per_msg": round(switches / max(1, n), 2)}
 
 
-def run(address: str, offset_dir: str, group: str, count: int, rate: int, threads: int) -> dict:
+def run(address: str, offset_dir: str, group: str, count: int, rate: int, threads: int,
+        model: str = "loop") -> dict:
     from equeue_core.client import Consumer, handler_pool
 
     submitted: dict[tuple[int, int], int] = {}  # (queue id, first offset) -> (ns, records)
@@ -74,9 +79,12 @@ def run(address: str, offset_dir: str, group: str, count: int, rate: int, thread
             if len(seen) >= count:
                 done.set()
 
-    handler_pool.HandlerPool.submit = submit
+    pulling = model == "pulling"
+    if not pulling:
+        handler_pool.HandlerPool.submit = submit
     try:
-        c = Consumer(group, address, consume_from="last", offset_dir=offset_dir, threads=threads)
+        options = {"pull_in_handler_threads": True} if pulling else {"offset_dir": offset_dir}
+        c = Consumer(group, address, consume_from="last", threads=threads, **options)
         c.subscribe("handoff")
         c.start(handler)
         deadline = time.monotonic() + 30
@@ -95,12 +103,13 @@ def run(address: str, offset_dir: str, group: str, count: int, rate: int, thread
     for (q, first), (ns, n) in submitted.items():
         for off in range(first, first + n):
             at[(q, off)] = ns
+    row = {"bench": "push_handoff", "model": model, "threads": threads, "rate": rate, "count": len(seen),
+           "sender_rc": sender.returncode, **_process_cost(before, after, len(seen)),
+           "end_to_end": percentiles([(h - s) / 1e6 for s, h, _, _ in seen])}
+    if pulling:
+        return row
     timed = [(s, h, at[(q, o)]) for s, h, q, o in seen if (q, o) in at]
-    return {"bench": "push_handoff", "threads": threads, "rate": rate, "count": len(seen),
-            "sender_rc": sender.returncode,
-            "records_per_batch": round(len(seen) / max(1, len(submitted)), 2),
-            **_process_cost(before, after, len(seen)),
-            "end_to_end": percentiles([(h - s) / 1e6 for s, h, _ in timed]),
+    return {**row, "records_per_batch": round(len(seen) / max(1, len(submitted)), 2),
             "sent_to_submit": percentiles([(b - s) / 1e6 for s, _, b in timed]),
             "submit_to_handler": percentiles([(h - b) / 1e6 for _, h, b in timed])}
 
@@ -114,15 +123,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--count", type=int, default=10000)
     ap.add_argument("--rate", type=int, default=5000)
     ap.add_argument("--threads", default="1,8", help="comma list of Consumer threads= values")
+    ap.add_argument("--models", default="loop", help="comma list of loop (default Consumer) and pulling "
+                    "(pull_in_handler_threads=True)")
     args = ap.parse_args(argv)
+    models = args.models.split(",")
+    if not set(models) <= {"loop", "pulling"}:
+        ap.error(f"--models takes loop and pulling, not {args.models!r}")
     from equeue_core.client import AdminClient
 
     with tempfile.TemporaryDirectory() as tmp, BrokerProcess(Path(tmp) / "data", flush="async") as b:
         with AdminClient(b.address) as admin:
             admin.create_topic("handoff", queues=4)
-        for i, threads in enumerate(int(t) for t in args.threads.split(",")):
+        runs = [(int(t), m) for t in args.threads.split(",") for m in models]
+        for i, (threads, model) in enumerate(runs):
             print(json.dumps(run(b.address, str(Path(tmp) / f"offsets-{i}"), f"g{i}", args.count, args.rate,
-                                 threads)), flush=True)
+                                 threads, model)), flush=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ topic and with 100 topics of 4 queues, and the broker's memory per queue and per
 
 Each case runs a fresh broker process (file store, tcp, flush async) so its memory deltas are its
 own; the producer (`send_async`, 100 B, round robin over the topics) and the consumer (one
-Consumer at its default settings, subscribed to every topic) are separate processes. Memory is
+Consumer at its default settings, or with `--pull-in-handler-threads` its pulling handler threads,
+subscribed to every topic) are separate processes. Memory is
 the broker's VmRSS from /proc. Prints one JSON line per case.
 
 One-time costs are reported apart from the rates, never hidden: `create_topics_s` (creating the
@@ -110,12 +111,14 @@ def role_produce(address: str, topics: list[str], count: int, size: int) -> dict
     return {"count": count, "seconds": elapsed, "msgs_per_s": count / elapsed, "cpu_seconds": cpu}
 
 
-def role_consume(address: str, topics: list[str], count: int, offset_dir: str, queues: int) -> dict:
+def role_consume(address: str, topics: list[str], count: int, offset_dir: str, queues: int,
+                 pulling: bool = False) -> dict:
     from equeue_core.client import Consumer
 
     handler = CountingHandler(count)
 
-    c = Consumer("drain", address, consume_from="first", offset_dir=offset_dir)
+    options = {"pull_in_handler_threads": True} if pulling else {"offset_dir": offset_dir}
+    c = Consumer("drain", address, consume_from="first", **options)
     for t in topics:
         c.subscribe(t)
     start = time.perf_counter()
@@ -159,7 +162,7 @@ def role_consume_lite(address: str, topics: list[str], count: int) -> dict:
             "backlog_queues_peak": c.stats["backlog_queues_peak"]}
 
 
-def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int) -> dict:
+def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int, pulling: bool = False) -> dict:
     from equeue_core.client import AdminClient
 
     b = BrokerProcess(tmp / f"data-{n_topics}-{queues}", flush="async").start()
@@ -182,7 +185,7 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int) -> d
         cpu2 = cpu_seconds(pid)
         faults2 = minor_faults(pid)
         cons = _child(["consume", b.address, ",".join(topics), str(count), str(tmp / f"offsets-{label}"),
-                       str(total)])
+                       str(total), "pulling" if pulling else "loop"])
         cpu3 = cpu_seconds(pid)
         faults3 = minor_faults(pid)
         rss_consumed = settled_rss_kb(pid)
@@ -190,7 +193,8 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int) -> d
         cpu4 = cpu_seconds(pid)
         faults4 = minor_faults(pid)
         us = 1e6 / count
-        return {"bench": "queues", "case": label, "topics": n_topics, "queues_per_topic": queues,
+        return {"bench": "queues", "case": label, "consumer_model": "pulling" if pulling else "loop",
+                "topics": n_topics, "queues_per_topic": queues,
                 "queues": total, "count": count, "size": 100,
                 "produce_msgs_per_s": round(prod["msgs_per_s"], 1), "consume_msgs_per_s": round(cons["msgs_per_s"], 1),
                 "consume_start_s": round(cons["start_seconds"], 3),
@@ -280,7 +284,8 @@ def main(argv: list[str] | None = None) -> None:
         if role == "produce":
             out = role_produce(rest[0], rest[1].split(","), int(rest[2]), int(rest[3]))
         elif role == "consume":
-            out = role_consume(rest[0], rest[1].split(","), int(rest[2]), rest[3], int(rest[4]))
+            out = role_consume(rest[0], rest[1].split(","), int(rest[2]), rest[3], int(rest[4]),
+                               rest[5:6] == ["pulling"])
         elif role == "consume_lite":
             out = role_consume_lite(rest[0], rest[1].split(","), int(rest[2]))
         else:
@@ -293,6 +298,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cases", help="comma list of queue counts to run (default 4,100,1000,100topics)")
     p.add_argument("--sync-seconds", type=float, default=3.0,
                    help="flush=sync single sends over 4 and 1000 queues for this long each (0: skip)")
+    p.add_argument("--pull-in-handler-threads", action="store_true",
+                   help="the push Consumer drains with pull_in_handler_threads=True (consumer_model: pulling)")
     args = p.parse_args(argv)
     wanted = set(args.cases.split(",")) if args.cases else None
     with tempfile.TemporaryDirectory(prefix="equeue-bench-queues-") as tmp:
@@ -300,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
             key = "100topics" if n_topics > 1 else str(queues)
             if wanted and key not in wanted:
                 continue
-            emit(run_case(Path(tmp), label, n_topics, queues, args.count))
+            emit(run_case(Path(tmp), label, n_topics, queues, args.count, args.pull_in_handler_threads))
         emit(run_connections(Path(tmp), args.connections))
         if args.sync_seconds > 0:
             for queues in (4, 1000):

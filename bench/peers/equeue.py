@@ -4,7 +4,8 @@ store), driven through the public client API (`equeue_core.client`).
 produce: `send_batch` of 1000 and `send_async` (auto batching); consume: one Consumer at its
 default settings draining a backlog; latency: `send` paced (each waits for its acknowledgement, as XADD does) and `send_async`
 paced (as the NATS and RabbitMQ senders, which do not wait), a LitePullConsumer polling in another
-process (and, as the extra `sleep-push` row, the push Consumer with a handler);
+process (and, as the extra `sleep-push` and `sleep-push_pulling` rows, the push Consumer with a
+handler, by default and with `pull_in_handler_threads=True`);
 single: `send` waiting for each answer. Durability: flush=async (fsync every flush_interval_ms)
 and flush=sync (a send is answered after its data is durable).
 """
@@ -27,8 +28,10 @@ PRODUCE_MODES = ["batch", "async"]
 SERVER_VARIANTS = [{"flush": "async"}, {"flush": "sync"}]  # sync: produce and single sends only
 # Latency rows only EQueue has: (mode, sender's thread spins, the Producer call); the table
 # compares them with the peers' row of the same sender behaviour.
-# The receiver is the LitePullConsumer unless the call ends in "/push" (the push Consumer).
-EXTRA_LATENCY_MODES = [("sleep-send_async", False, "send_async"), ("sleep-push", False, "send/push")]
+# The receiver is the LitePullConsumer unless the call ends in "/push" (the push Consumer) or
+# "/push_pulling" (the push Consumer whose handler threads pull: pull_in_handler_threads=True).
+EXTRA_LATENCY_MODES = [("sleep-send_async", False, "send_async"), ("sleep-push", False, "send/push"),
+                       ("sleep-push_pulling", False, "send/push_pulling")]
 
 
 def durability(system: str, opts: dict) -> str:
@@ -128,13 +131,14 @@ def _with_broker_gc(row: dict, info: dict, before: tuple[int, float]) -> dict:
 def latency_receiver(info: dict, system: str, name: str, size: int, count: int, rate: int, seconds: float,
                      spin: bool, call: str = "send") -> dict:
     """The LitePullConsumer (poll in this thread, as the Redis receiver's XREAD BLOCK); with a
-    `call` ending in "/push" (an EXTRA_LATENCY_MODES row) the push Consumer with a handler."""
+    `call` ending in "/push" or "/push_pulling" (EXTRA_LATENCY_MODES rows) the push Consumer with
+    a handler (the second with pull_in_handler_threads=True)."""
     from equeue_core.client import Message, Producer
 
     with Producer(info["address"]) as p:
         p.send(Message(name, warmup_body(size)))  # creates the topic before the consumer subscribes
-    if call.endswith("/push"):
-        return _push_latency(info, name, count, seconds)
+    if call.endswith(("/push", "/push_pulling")):
+        return _push_latency(info, name, count, seconds, pulling=call.endswith("/push_pulling"))
     from equeue_core.client import LitePullConsumer
 
     lat: list[float] = []
@@ -155,7 +159,7 @@ def latency_receiver(info: dict, system: str, name: str, size: int, count: int, 
     return _with_broker_gc(summary(lat), info, gc_before)
 
 
-def _push_latency(info: dict, name: str, count: int, seconds: float) -> dict:
+def _push_latency(info: dict, name: str, count: int, seconds: float, pulling: bool = False) -> dict:
     from equeue_core.client import Consumer
 
     lat: list[float] = []
@@ -170,8 +174,8 @@ def _push_latency(info: dict, name: str, count: int, seconds: float) -> dict:
                 if len(lat) >= count:
                     done.set()
 
-    c = Consumer(f"latency-{name}", info["address"], consume_from="last",
-                 offset_dir=info["offset_dir"])
+    options = {"pull_in_handler_threads": True} if pulling else {"offset_dir": info["offset_dir"]}
+    c = Consumer(f"latency-{name}", info["address"], consume_from="last", **options)
     c.subscribe(name)
     c.start(handler)
     deadline = time.monotonic() + 30  # ready once the first rebalance has set the queues' offsets

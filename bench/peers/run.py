@@ -65,6 +65,10 @@ def _ratio_specs() -> list[tuple[str, tuple, tuple, bool]]:
     for stat in ("p50_ms", "p99_ms"):  # EQueue's push Consumer (a handler) as the receiver
         specs.append((f"latency {stat[:3]} paced, sender sleeps, EQueue push Consumer (peer / EQueue)",
                       ("latency", "sleep-push", 100, "async", stat), ("latency", "sleep", 100, None, stat), True))
+    for stat in ("p50_ms", "p99_ms"):  # the same, its handler threads pulling for themselves
+        specs.append((f"latency {stat[:3]} paced, sender sleeps, EQueue push Consumer, handler threads pull "
+                      "(peer / EQueue)", ("latency", "sleep-push_pulling", 100, "async", stat),
+                      ("latency", "sleep", 100, None, stat), True))
     return specs
 
 
