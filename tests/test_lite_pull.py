@@ -190,6 +190,26 @@ def test_seek_back_returns_the_messages_again(broker):
     assert [m.body for m in again] == [f"k{i}".encode() for i in range(2, 6)]
 
 
+def test_a_paused_queue_sends_no_pull_until_resumed_and_the_others_go_on(broker):
+    topic = create_topic(broker, "lite-pause", 2)
+    with LitePullConsumer("lite-pause-g", broker.address, consume_from="first", hold_ms=200) as c:
+        c.assign(topic)
+        c.poll(0.3)  # the held pulls are in flight
+        c.pause(topic, 0)
+        sent = _send(broker, topic, [f"p{i}".encode() for i in range(40)])
+        assert set(sent) == {0, 1}
+        got = _poll_until(c, len(sent[1]), 10)
+        assert [m.body for m in got] == sent[1], "only the queue that is not paused"
+        assert c.poll(0.5) == []
+        assert c._queues[(topic, 0)].pull_id is None, "the paused queue was pulled"
+        assert c.stats["pulls"] >= 3  # the first two pulls and queue 1's next ones
+        c.resume(topic, 0)
+        again = _poll_until(c, len(sent[0]), 10)
+        with pytest.raises(ConfigError, match="not assigned"):
+            c.pause(topic, 7)
+    assert [m.body for m in again] == sent[0]
+
+
 def test_tag_expression_returns_only_matching_messages(broker):
     topic = create_topic(broker, "lite-tags", 1)
     with Producer(broker.address) as p:

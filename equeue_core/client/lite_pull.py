@@ -73,7 +73,7 @@ class _Queue:
     """One assigned queue: where its next pull starts and how far the caller got."""
 
     __slots__ = ("topic", "queue_id", "next_offset", "returned", "consumed", "committed", "pull_id",
-                 "batch", "header", "tags", "behind", "turn", "waiting")
+                 "batch", "header", "tags", "behind", "turn", "waiting", "paused")
 
     def __init__(self, topic: str, queue_id: int, offset: int, batch: AdaptivePullBatch,
                  header: dict[str, Any], tags: frozenset[str] | None) -> None:
@@ -90,6 +90,7 @@ class _Queue:
         self.behind = False  # the broker said more is stored past next_offset (a backlog)
         self.turn = False  # its pull in flight holds one of max_backlog_queues turns
         self.waiting = False  # in _waiting: behind, for a turn before its next pull
+        self.paused = False  # pause(): no pull is sent until resume()
 
 
 class _Membership(AsyncConsumer):
@@ -221,7 +222,7 @@ class LitePullConsumer:
         self._advanced: list[_Queue] = []
         self._idle: list[_Queue] = []
         self._waiting: deque[_Queue] = deque()  # queues with a backlog waiting for a turn, in order
-        self.stats = {"backlog_queues_peak": 0}
+        self.stats = {"backlog_queues_peak": 0, "pulls": 0}
         self._id_prefix: str | None = None
         self._next_commit = time.monotonic() + auto_commit_interval
         self._heard = time.monotonic()  # when a frame last arrived (or the pulls were first sent)
@@ -352,6 +353,23 @@ class LitePullConsumer:
         queue.behind = False  # not known at the new offset: its first pull says
         self._idle.append(queue)
 
+    def pause(self, topic: str, queue_id: int) -> None:
+        """Send no more pulls for this (assigned) queue until resume(); the answer of its pull in
+        flight is dropped unread. Its consumed offset stays where it is (auto-commit has nothing
+        new to send for it). For a queue the caller cannot go on with, such as a corrupt record."""
+        queue = self._queues.get((topic, queue_id))
+        if queue is None:
+            raise ConfigError(f"queue {topic}/{queue_id} is not assigned to this consumer")
+        self._drop_pull(queue)
+        queue.paused = True
+
+    def resume(self, topic: str, queue_id: int) -> None:
+        """Pull a paused queue again (from where it stood, or where a seek moved it)."""
+        queue = self._queues.get((topic, queue_id))
+        if queue is not None and queue.paused:
+            queue.paused = False
+            self._idle.append(queue)
+
     # ---------------------------------------------------------------- polling
 
     def poll(self, timeout: float = 1.0) -> list[ReceivedMessage]:
@@ -420,7 +438,7 @@ class LitePullConsumer:
         idle, self._idle = self._idle, []
         queues = self._queues
         for queue in idle:
-            if queue.pull_id is None and queues.get((queue.topic, queue.queue_id)) is queue:
+            if queue.pull_id is None and not queue.paused and queues.get((queue.topic, queue.queue_id)) is queue:
                 self._pull(queue)
 
     def _check_alive(self) -> None:
@@ -452,6 +470,7 @@ class LitePullConsumer:
         header = queue.header
         header["offset"] = queue.next_offset
         header["max_count"] = queue.batch.size
+        self.stats["pulls"] += 1
         queue.pull_id = self._write(Code.PULL, header)
         self._pulls[queue.pull_id] = (queue.topic, queue.queue_id)
 
@@ -521,7 +540,8 @@ class LitePullConsumer:
         while waiting and free > 0:
             nxt = waiting.popleft()
             nxt.waiting = False
-            if self._queues.get((nxt.topic, nxt.queue_id)) is not nxt or nxt.pull_id is not None:
+            if (self._queues.get((nxt.topic, nxt.queue_id)) is not nxt or nxt.pull_id is not None
+                    or nxt.paused):
                 continue
             free -= 1
             if pull_now:

@@ -24,6 +24,8 @@ Guarantees (those of the push Consumer's clustering mode):
   client's loop thread, which runs no user code. A thread takes an assignment change up within
   POLL_WAIT.
 - A slow handler holds only the queues of its own thread; nothing takes them over while it runs.
+- A corrupt record stops its queue (paused, loudly) until an admin skips it, as in the default
+  Consumer; the thread's other queues go on.
 
 What it does not do (ConfigError): broadcasting, orderly, an async handler, a name server,
 `parallel_per_queue` above 1, `consume_timeout` (the thread that runs a handler is the one that
@@ -46,7 +48,7 @@ from equeue_core.client.consumer import AsyncConsumer, checked_backlog_queues, r
 from equeue_core.client.lite_pull import LitePullConsumer, QueueKey, _Membership
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage
-from equeue_core.errors import ClientClosedError, ConfigError, EQueueError
+from equeue_core.errors import ClientClosedError, ConfigError, CorruptRecordError, EQueueError
 
 log = logging.getLogger("equeue.consumer")
 
@@ -55,7 +57,7 @@ IDLE_WAIT = 1.0  # seconds a thread without queues waits for a rebalance to brin
 SEND_BACK_TIMEOUT = 30.0  # seconds a send-back may take before it counts as failed
 # Consumer options that need the loop thread's pulls, refused by name
 LOOP_PULLS_ONLY = ("consume_timeout", "lock_interval", "offset_dir", "flow_max_messages", "flow_max_bytes",
-                   "flow_max_span", "corrupt_recheck_max", "nameserver")
+                   "flow_max_span", "nameserver")
 
 
 async def _no_handler(*_: object) -> None:  # the membership never pulls, so never calls it
@@ -89,7 +91,7 @@ class PullingHandlerConsumer:
                  pull_batch: int | None = None, hold_ms: int = 15000, heartbeat_interval: float = 10.0,
                  rebalance_interval: float = 20.0, max_backlog_queues: int | None = None,
                  client_id: str | None = None, mode: str = "clustering", orderly: bool = False,
-                 parallel_per_queue: int = 1, **credentials: Any) -> None:
+                 parallel_per_queue: int = 1, corrupt_recheck_max: float = 10.0, **credentials: Any) -> None:
         refused = sorted(set(credentials) & set(LOOP_PULLS_ONLY))
         if mode != "clustering":
             refused.append(f"mode={mode!r}")
@@ -106,6 +108,7 @@ class PullingHandlerConsumer:
         self.group = group
         self.consume_batch_size = max(1, consume_batch_size)
         self.suspend_seconds = suspend_seconds
+        self.corrupt_recheck_max = corrupt_recheck_max
         self._changed = threading.Condition()
         background_loop()
         self._members = _GroupMembership(group, broker, consume_from=consume_from, allocation=allocation,
@@ -122,6 +125,9 @@ class PullingHandlerConsumer:
         self._locks = [threading.Lock() for _ in range(threads)]  # held from a poll until its batch is done
         self._handled = [0] * threads
         self._failed = [0] * threads
+        self._corrupt = [0] * threads
+        # per thread: its queues stopped at a corrupt record -> [offset, next check, check delay]
+        self._parked: list[dict[QueueKey, list[float]]] = [{} for _ in range(threads)]
         self._threads: list[threading.Thread] = []
         self._handler: Callable[..., Any] | None = None
         self._running = False
@@ -135,7 +141,8 @@ class PullingHandlerConsumer:
     @property
     def stats(self) -> dict[str, int]:
         return {"handled": sum(self._handled), "failed": sum(self._failed),
-                "sent_back": self._members.stats["sent_back"]}
+                "sent_back": self._members.stats["sent_back"], "corrupt": sum(self._corrupt),
+                "pulls": sum(lp.stats["pulls"] for lp in self._pollers)}
 
     def assigned_queues(self) -> list[QueueKey]:
         return sorted(self._members.assignment()[1])
@@ -188,10 +195,15 @@ class PullingHandlerConsumer:
                     self._changed.wait_for(lambda: not self._running or self._has_queues(index), IDLE_WAIT)
                 continue
             with lock:
+                if self._parked[index]:
+                    self._check_parked(index, lp)
                 try:
                     msgs = lp.poll(POLL_WAIT)
                 except ClientClosedError:
                     return
+                except CorruptRecordError as e:
+                    self._park(index, lp, e)
+                    continue
                 except EQueueError as e:  # the broker is gone: the next poll connects again
                     backoff = min(5.0, backoff * 2 or 0.2)
                     log.warning("pulls of %s failed: %s; again in %.1fs", self.group, e, backoff)
@@ -243,6 +255,54 @@ class PullingHandlerConsumer:
         self._handled[index] += len(msgs) - len(failed)
         self._failed[index] += len(failed)
         return [m for m in failed if not self._send_back(m)]
+
+    def _park(self, index: int, lp: LitePullConsumer, error: CorruptRecordError) -> None:
+        """The broker refuses a record of a queue as corrupt: retrying cannot help, so the queue
+        stops (loudly) while this thread's other queues go on, as the default Consumer does. What
+        was handled below the record is committed now, and nothing of this queue after that, so an
+        admin's skip (`equeue groups skip`) is never undone; the thread checks for one with a
+        backoff of 1 s doubling to corrupt_recheck_max and resumes the queue there."""
+        key = (error.details.get("topic"), error.details.get("queue_id"))
+        queue = lp._queues.get(key)  # type: ignore[arg-type]
+        if queue is None:
+            log.warning("%s: %s (its queue is no longer this consumer's)", self.group, error)
+            return
+        at = error.offset if error.offset is not None else queue.next_offset
+        lp.pause(queue.topic, queue.queue_id)
+        self._corrupt[index] += 1
+        try:
+            lp.commit()
+        except EQueueError as e:
+            log.warning("%s/%d: committing before the stop failed: %s", queue.topic, queue.queue_id, e)
+        log.error("STOPPED %s/%d at offset %d (%s). Skip it with: equeue groups skip %s --topic %s "
+                  "--queue %d --offset %d", queue.topic, queue.queue_id, at, error, self.group, queue.topic,
+                  queue.queue_id, at)
+        self._parked[index][(queue.topic, queue.queue_id)] = [at, time.monotonic() + 1.0, 1.0]
+
+    def _check_parked(self, index: int, lp: LitePullConsumer) -> None:
+        """Resume the stopped queues an admin moved the group past (checked when due)."""
+        parked = self._parked[index]
+        now = time.monotonic()
+        for key, entry in list(parked.items()):
+            at, due, delay = entry
+            pq = self._members.queues.get(key)
+            if key not in lp._queues or pq is None:  # moved to another member meanwhile
+                del parked[key]
+                continue
+            if due > now:
+                continue
+            try:
+                skipped = run_sync(self._members._skipped(pq, int(at)), SEND_BACK_TIMEOUT)
+            except Exception as e:  # the loop gone at close, a timeout
+                log.warning("%s/%d: checking for a skip failed: %r", key[0], key[1], e)
+                skipped = False
+            if skipped:  # the membership's _skipped set pq.next_offset to the group's new offset
+                del parked[key]
+                lp.seek(key[0], key[1], pq.next_offset)
+                lp.resume(key[0], key[1])
+            else:
+                delay = min(self.corrupt_recheck_max, delay * 2)
+                entry[1:] = [now + delay, delay]
 
     def _send_back(self, m: ReceivedMessage) -> bool:
         try:

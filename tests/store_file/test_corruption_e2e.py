@@ -27,7 +27,9 @@ def _wait(predicate, timeout: float) -> bool:
     return predicate()
 
 
-def test_corrupt_record_stops_the_consumer_until_an_admin_skips_it(tmp_path):
+@pytest.mark.parametrize("model", [pytest.param({}, id="loop_pulls"),
+                                   pytest.param({"pull_in_handler_threads": True}, id="handler_threads_pull")])
+def test_corrupt_record_stops_the_consumer_until_an_admin_skips_it(tmp_path, model):
     broker = BrokerProcess(tmp_path / "data").start()
     try:
         with AdminClient(broker.address) as admin:
@@ -52,7 +54,8 @@ def test_corrupt_record_stops_the_consumer_until_an_admin_skips_it(tmp_path):
             with lock:
                 got.append(m.queue_offset)
 
-        consumer = Consumer("g", broker.address, consume_from="first", hold_ms=200, corrupt_recheck_max=1.0)
+        consumer = Consumer("g", broker.address, consume_from="first", hold_ms=200, corrupt_recheck_max=1.0,
+                            **model)
         consumer.subscribe("bad").start(handler)
         try:
             assert _wait(lambda: consumer.stats["corrupt"] >= 1 and len(got) >= 4, 30), (got, consumer.stats)
