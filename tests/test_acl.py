@@ -27,7 +27,8 @@ ADMIN = ROOT
 LOCAL = ("local", "local-secret-0001")
 LEVELS = "200ms 300ms 400ms 500ms 600ms 700ms 800ms 900ms"
 
-ACL = "\n".join([account(ADMIN, admin=True), account(APP, topics=["orders.*", "work"], groups=["g1", "gr"]),
+ACL = "\n".join([account(ADMIN, admin=True), account(APP, topics=["orders.*", "work", "work-pulling"],
+                                                        groups=["g1", "gr", "gr-pulling"]),
                   account(LOCAL, addresses=["127.0.0.1/32"])])
 
 
@@ -198,9 +199,12 @@ def test_admin_requests_need_an_admin_account(acl_broker):
         assert a.broker_info()["transport"] == "tcp"
 
 
-def test_the_right_credentials_produce_consume_retry_and_dead_letter(acl_broker):
+@pytest.mark.parametrize(("model", "topic", "group"), [
+    pytest.param({}, "work", "gr", id="loop_pulls"),
+    pytest.param({"pull_in_handler_threads": True}, "work-pulling", "gr-pulling", id="handler_threads_pull")])
+def test_the_right_credentials_produce_consume_retry_and_dead_letter(acl_broker, model, topic, group):
     with Producer(acl_broker.address, access_key=APP[0], secret_key=APP[1]) as p:
-        p.send_batch([Message("work", f"{i}".encode(), tag="poison" if i % 5 == 0 else "ok") for i in range(20)])
+        p.send_batch([Message(topic, f"{i}".encode(), tag="poison" if i % 5 == 0 else "ok") for i in range(20)])
     seen: dict[bytes, int] = {}
     lock = threading.Lock()
 
@@ -210,19 +214,19 @@ def test_the_right_credentials_produce_consume_retry_and_dead_letter(acl_broker)
         if m.tag == "poison":
             raise ValueError("poison")
 
-    c = Consumer("gr", acl_broker.address, consume_from="first", max_reconsume_times=1, heartbeat_interval=0.5,
+    c = Consumer(group, acl_broker.address, consume_from="first", max_reconsume_times=1, heartbeat_interval=0.5,
                  rebalance_interval=1.0, commit_interval=0.5, suspend_seconds=0.1,
-                 access_key=APP[0], secret_key=APP[1]).subscribe("work")
+                 access_key=APP[0], secret_key=APP[1], **model).subscribe(topic)
     c.start(handler)
     try:
         with admin(acl_broker) as a:
-            assert wait_until(lambda: len(a.dlq_messages("gr")) == 4, 60), seen
+            assert wait_until(lambda: len(a.dlq_messages(group)) == 4, 60), seen
     finally:
         c.close()
     assert all(seen[f"{i}".encode()] == (2 if i % 5 == 0 else 1) for i in range(20)), seen
     with admin(acl_broker) as a:
-        assert a.resend_dlq("gr") == 4
-        assert sum(hi for _, hi in a.queue_ranges("work")) == 24
+        assert a.resend_dlq(group) == 4
+        assert sum(hi for _, hi in a.queue_ranges(topic)) == 24
 
 
 def test_denials_are_counted_in_stats_and_prometheus(acl_broker):
