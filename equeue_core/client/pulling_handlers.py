@@ -192,7 +192,8 @@ class PullingHandlerConsumer:
         while self._running and self._handing_out:
             if not lp._queues and not self._has_queues(index):
                 with self._changed:
-                    self._changed.wait_for(lambda: not self._running or self._has_queues(index), IDLE_WAIT)
+                    self._changed.wait_for(lambda: not (self._running and self._handing_out)
+                                           or self._has_queues(index), IDLE_WAIT)
                 continue
             with lock:
                 if self._parked[index]:
