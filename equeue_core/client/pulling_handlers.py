@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from equeue_core.client.consumer import AsyncConsumer, checked_backlog_queues, run_handler
-from equeue_core.client.lite_pull import LitePullConsumer, QueueKey, _Membership
+from equeue_core.client.lite_pull import LitePullConsumer, QueueKey, _Membership, _no_handler
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage
 from equeue_core.errors import ClientClosedError, ConfigError, CorruptRecordError, EQueueError
@@ -58,10 +58,6 @@ SEND_BACK_TIMEOUT = 30.0  # seconds a send-back may take before it counts as fai
 # Consumer options that need the loop thread's pulls, refused by name
 LOOP_PULLS_ONLY = ("consume_timeout", "lock_interval", "offset_dir", "flow_max_messages", "flow_max_bytes",
                    "flow_max_span", "nameserver")
-
-
-async def _no_handler(*_: object) -> None:  # the membership never pulls, so never calls it
-    raise AssertionError("the membership of a Consumer with pulling handler threads handles no messages")
 
 
 class _GroupMembership(_Membership):
@@ -127,7 +123,7 @@ class PullingHandlerConsumer:
         self._failed = [0] * threads
         self._corrupt = [0] * threads
         # per thread: its queues stopped at a corrupt record -> [offset, next check, check delay]
-        self._parked: list[dict[QueueKey, list[float]]] = [{} for _ in range(threads)]
+        self._parked: list[dict[QueueKey, tuple[int, float, float]]] = [{} for _ in range(threads)]
         self._threads: list[threading.Thread] = []
         self._handler: Callable[..., Any] | None = None
         self._running = False
@@ -151,9 +147,9 @@ class PullingHandlerConsumer:
         """The current pull batch size of every queue a thread pulls."""
         return {key: q.batch.size for lp in self._pollers for key, q in list(lp._queues.items())}
 
-    def _mine(self, index: int) -> Callable[[QueueKey], bool]:
-        n = len(self._pollers)
-        return lambda key: (zlib.crc32(key[0].encode()) + key[1]) % n == index
+    def _owner(self, key: QueueKey) -> int:
+        """The index of the thread that pulls this queue, for the consumer's lifetime."""
+        return (zlib.crc32(key[0].encode()) + key[1]) % len(self._pollers)
 
     # ---------------------------------------------------------------- setup
 
@@ -174,7 +170,7 @@ class PullingHandlerConsumer:
         run_sync(self._members.start(_no_handler))
         self._running = self._handing_out = True
         for i, lp in enumerate(self._pollers):
-            lp._follow(self._members, self._mine(i))
+            lp._follow(self._members, lambda key, i=i: self._owner(key) == i)
             t = threading.Thread(target=self._run, args=(i,), name=f"equeue-{self.group}-pull-{i}", daemon=True)
             self._threads.append(t)
             t.start()
@@ -183,8 +179,7 @@ class PullingHandlerConsumer:
     # ---------------------------------------------------------------- a handler thread
 
     def _has_queues(self, index: int) -> bool:
-        mine = self._mine(index)
-        return any(mine(key) for key in self._members.assignment()[1])
+        return any(self._owner(key) == index for key in self._members.assignment()[1])
 
     def _run(self, index: int) -> None:
         lp, lock = self._pollers[index], self._locks[index]
@@ -278,14 +273,13 @@ class PullingHandlerConsumer:
         log.error("STOPPED %s/%d at offset %d (%s). Skip it with: equeue groups skip %s --topic %s "
                   "--queue %d --offset %d", queue.topic, queue.queue_id, at, error, self.group, queue.topic,
                   queue.queue_id, at)
-        self._parked[index][(queue.topic, queue.queue_id)] = [at, time.monotonic() + 1.0, 1.0]
+        self._parked[index][(queue.topic, queue.queue_id)] = (at, time.monotonic() + 1.0, 1.0)
 
     def _check_parked(self, index: int, lp: LitePullConsumer) -> None:
         """Resume the stopped queues an admin moved the group past (checked when due)."""
         parked = self._parked[index]
         now = time.monotonic()
-        for key, entry in list(parked.items()):
-            at, due, delay = entry
+        for key, (at, due, delay) in list(parked.items()):
             pq = self._members.queues.get(key)
             if key not in lp._queues or pq is None:  # moved to another member meanwhile
                 del parked[key]
@@ -293,7 +287,7 @@ class PullingHandlerConsumer:
             if due > now:
                 continue
             try:
-                skipped = run_sync(self._members._skipped(pq, int(at)), SEND_BACK_TIMEOUT)
+                skipped = run_sync(self._members._skipped(pq, at), SEND_BACK_TIMEOUT)
             except Exception as e:  # the loop gone at close, a timeout
                 log.warning("%s/%d: checking for a skip failed: %r", key[0], key[1], e)
                 skipped = False
@@ -303,7 +297,7 @@ class PullingHandlerConsumer:
                 lp.resume(key[0], key[1])
             else:
                 delay = min(self.corrupt_recheck_max, delay * 2)
-                entry[1:] = [now + delay, delay]
+                parked[key] = (at, now + delay, delay)
 
     def _send_back(self, m: ReceivedMessage) -> bool:
         try:
