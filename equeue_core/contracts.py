@@ -383,6 +383,23 @@ class ClientConnection(Protocol):
     async def close(self) -> None: ...
 
 
+class ThreadWritableConnection(ClientConnection, Protocol):
+    """Optional on top of ClientConnection (tcp without TLS offers it): a request written from a
+    caller's thread, not the loop's, for a blocking producer's lone `send_async` (its lane,
+    client/producer.py): the frame leaves without waking the loop thread, whose only part is to
+    read the answer. The connection is used for nothing else (the loop's own writes could
+    interleave with a thread's)."""
+
+    def write_from_thread(self, loop: Any, code: int, header: bytes, body: bytes, timeout: float,
+                          done: Any) -> bool:
+        """Write one request whose header map is encoded (frame.encode_header); `done(future)`
+        runs on `loop`'s thread with the response frame or a TransportError (past `timeout`,
+        checked about once a second; connection lost). False: nothing written and `done` will
+        not run (not connected: the transport reconnects on its own; the kernel would not take
+        the whole frame at once). FrameTooLargeError: nothing written."""
+        ...
+
+
 class BlockingClientConnection(Protocol):
     """Optional: a transport may offer `connect_blocking(host, port, settings)` returning one of
     these, for requests made in the caller's own thread (a synchronous `Producer.send` then needs

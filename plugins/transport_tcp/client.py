@@ -17,8 +17,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import socket
 import ssl
+import threading
+import time
 from collections.abc import Callable
 
 from equeue_plugins.transport_tcp.framing import FrameReader, Head, WriteCoalescer
@@ -40,6 +43,8 @@ from equeue_core.push import deliver_push
 
 log = logging.getLogger(__name__)
 
+RECONNECT_EVERY_S = 0.5  # write_from_thread reconnects a dropped connection at most this often
+
 
 class _ClientProtocol(asyncio.BufferedProtocol):
     """One TCP connection's worth of state; replaced by a new one on reconnect."""
@@ -56,6 +61,9 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.received = False  # any bytes from the server yet
         self.reader = FrameReader(owner.settings.max_frame_size, self._on_frame, self._on_oversized,
                                   self._on_bad_frame, self._on_fatal)
+        # write_from_thread: a duplicate of the socket that callers' threads write on (under the
+        # owner's _thread_lock), closed when the connection is lost
+        self.thread_sock: socket.socket | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -82,6 +90,10 @@ class _ClientProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self.thread_sock is not None:
+            with self._owner._thread_lock:
+                self.thread_sock.close()
+                self.thread_sock = None
         pending, self.pending = self.pending, {}
         err = self.refusal or ConnectionLostError(f"connection to {self._owner.address} lost"
                                                   + (f": {exc}" if exc else "") + self._tls_hint())
@@ -160,6 +172,10 @@ class TcpClientConnection:
         self._connecting: asyncio.Future | None = None
         self._closed = False
         self._push_tasks: set[asyncio.Task] = set()
+        self._thread_lock = threading.Lock()  # write_from_thread's writers
+        self._thread_deadlines: dict[int, float] = {}  # its requests in flight: request id -> deadline
+        self._thread_watch: asyncio.TimerHandle | None = None
+        self._thread_reconnect = 0.0  # time.monotonic() of write_from_thread's last reconnect
 
     @property
     def closed(self) -> bool:
@@ -245,6 +261,81 @@ class TcpClientConnection:
             timer.cancel()
             proto.pending.pop(request_id, None)
 
+    def write_from_thread(self, loop: asyncio.AbstractEventLoop, code: int, header: bytes, body: bytes,
+                          timeout: float, done: Callable[[asyncio.Future], object]) -> bool:
+        """From any thread but the loop's: write one small request straight to the socket, no hop
+        through the loop thread. `done(request)` then runs on the loop thread, in the callback
+        that read the answer (or saw the failure): `request.result()` is the response frame,
+        `request.exception()` RequestTimeoutError (checked about once a second),
+        ConnectionLostError, or None.
+
+        False when nothing was written and `done` will not run: TLS, the kernel would not take
+        the whole frame at once, or not connected; a dropped connection is then opened again on
+        the loop thread (at most every RECONNECT_EVERY_S), for a later write. A connection used
+        this way must not also be used with `request` or `send_oneway` (their writes come from the
+        loop thread and could interleave)."""
+        if self._tls is not None or self._closed:
+            return False
+        with self._thread_lock:
+            proto = self._proto
+            if proto is None or proto.lost or proto.transport is None:
+                now = time.monotonic()
+                if now - self._thread_reconnect >= RECONNECT_EVERY_S:
+                    self._thread_reconnect = now
+                    loop.call_soon_threadsafe(self._reconnect_in_background)
+                return False
+            sock = proto.thread_sock
+            if sock is None:
+                try:
+                    sock = proto.thread_sock = socket.socket(fileno=os.dup(
+                        proto.transport.get_extra_info("socket").fileno()))
+                except (OSError, AttributeError):
+                    return False
+            request_id = next(self._ids)
+            # one buffer: one send (FrameTooLargeError: nothing written)
+            frame = wire.encode_parts(code, request_id, 0, header, body, self.settings.max_frame_size,
+                                      len(body) + 1)[0]
+            proto.pending[request_id] = _ThreadRequest(done)  # type: ignore[assignment]
+            try:
+                sent = sock.send(frame, socket.MSG_DONTWAIT)
+            except OSError:
+                sent = 0
+            if sent != len(frame):
+                del proto.pending[request_id]
+                if sent:  # out of step: the server must never see the rest of another frame
+                    loop.call_soon_threadsafe(proto.transport.abort)
+                return False
+            self._thread_deadlines[request_id] = time.monotonic() + timeout
+            if self._thread_watch is None:
+                self._thread_watch = loop.call_soon_threadsafe(self._watch_thread_writes)  # type: ignore[assignment]
+        return True
+
+    def _reconnect_in_background(self) -> None:
+        task = asyncio.ensure_future(self._ready())
+        task.add_done_callback(_log_reconnect)
+
+    def _watch_thread_writes(self) -> None:
+        """On the loop thread, about once a second while write_from_thread requests are out: fail
+        the ones past their deadline (a late answer is dropped, as for `request`)."""
+        now = time.monotonic()
+        proto = self._proto
+        expired = []
+        with self._thread_lock:
+            deadlines = self._thread_deadlines
+            for rid in [rid for rid, at in deadlines.items() if at <= now or proto is None
+                        or rid not in proto.pending]:
+                del deadlines[rid]
+                request = proto.pending.pop(rid, None) if proto is not None else None
+                if request is not None and not request.done():
+                    expired.append((rid, request))
+            if deadlines and not self._closed:
+                self._thread_watch = asyncio.get_running_loop().call_later(1.0, self._watch_thread_writes)
+            else:
+                self._thread_watch = None
+        for rid, request in expired:  # outside the lock: done() runs the caller's code
+            request.set_exception(RequestTimeoutError(f"no response to request {rid} within its timeout",
+                                                      request_id=rid))
+
     async def send_oneway(self, frame: wire.Frame) -> None:
         """Send `frame` with FLAG_ONEWAY; no response is expected. Delivery is best effort: a drop
         after the write is not reported (a drop before it raises ConnectionLostError)."""
@@ -290,6 +381,56 @@ class TcpClientConnection:
                 pass
             self._drop()
         await asyncio.sleep(0)  # let the transport finish closing
+
+
+class _ThreadRequest:
+    """A write_from_thread request in `pending`: what the protocol does to a request's future
+    (`done`, `set_result`, `set_exception`) runs the caller's `done` at once, in the protocol's
+    own callback, instead of through a future's callback one loop turn later. That turn matters
+    when a busy caller's thread holds the GIL: each turn waits for a GIL switch."""
+
+    __slots__ = ("_done", "_result", "_exception", "_settled")
+
+    def __init__(self, done: Callable[[_ThreadRequest], object]) -> None:
+        self._done = done
+        self._result: wire.Frame | None = None
+        self._exception: BaseException | None = None
+        self._settled = False
+
+    def done(self) -> bool:
+        return self._settled
+
+    def cancelled(self) -> bool:
+        return False
+
+    def result(self) -> wire.Frame:
+        if self._exception is not None:
+            raise self._exception
+        assert self._result is not None
+        return self._result
+
+    def exception(self) -> BaseException | None:
+        return self._exception
+
+    def set_result(self, frame: wire.Frame) -> None:
+        self._result = frame
+        self._settle()
+
+    def set_exception(self, error: BaseException) -> None:
+        self._exception = error
+        self._settle()
+
+    def _settle(self) -> None:
+        self._settled = True
+        try:
+            self._done(self)
+        except Exception:
+            log.exception("write_from_thread callback failed")
+
+
+def _log_reconnect(task: asyncio.Future) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("reconnect for write_from_thread failed: %s", task.exception())
 
 
 def _expire(fut: asyncio.Future, request_id: int, timeout: float) -> None:

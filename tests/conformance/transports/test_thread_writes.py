@@ -1,0 +1,163 @@
+"""The optional `write_from_thread` of a client connection (contracts.ThreadWritableConnection;
+a blocking Producer's send_async lane): every transport whose connections offer it passes these,
+on both event loops. What it must keep: a written request's `done` runs once, on the loop's
+thread, with its own answer; a refused write (False) writes nothing and never calls `done`; an
+unanswered request fails with RequestTimeoutError, a dropped connection with ConnectionLostError,
+and a later write goes out on a new connection."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from equeue_core.errors import ConnectionLostError, RequestTimeoutError
+from equeue_core.frame import Frame, encode_header
+
+from .harness import (
+    ECHO,
+    SLEEP,
+    ScriptedHandler,
+    run,
+    serving,
+    settings,
+    transport,
+    transport_names,
+    wait_until,
+)
+
+HOST = "127.0.0.1"
+
+
+def _offering() -> list[str]:
+    """The transports whose client connections have write_from_thread (found by connecting)."""
+    async def probe(name: str) -> bool:
+        async with serving(name) as (_handler, _server, client):
+            return callable(getattr(client, "write_from_thread", None))
+    return [name for name in transport_names() if run("asyncio", lambda n=name: probe(n))]
+
+
+OFFERING = _offering()
+
+
+def each(test):
+    """Run `test` for every transport in OFFERING, on both event loops."""
+    return pytest.mark.parametrize("name", OFFERING)(pytest.mark.parametrize("loop", ["asyncio", "uvloop"])(test))
+
+
+def test_tcp_offers_it() -> None:
+    assert "tcp" in OFFERING
+
+
+async def _write_from_other_thread(client, loop, frames: list[tuple[int, dict, bytes, float]],
+                                   done) -> list[bool]:
+    """Call write_from_thread for each frame from a thread that is not the loop's."""
+    written: list[bool] = []
+
+    def writer() -> None:
+        for code, header, body, timeout in frames:
+            written.append(client.write_from_thread(loop, code, encode_header(header), body, timeout, done))
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    await asyncio.to_thread(thread.join, 10)
+    return written
+
+
+@each
+def test_answers_come_back_to_their_own_done_on_the_loop_thread(name: str, loop: str) -> None:
+    async def main() -> None:
+        async with serving(name) as (_handler, _server, client):
+            await client.request(Frame(ECHO), 5)
+            loop_ = asyncio.get_running_loop()
+            loop_thread = threading.get_ident()
+            seen: dict[int, tuple[int, bytes]] = {}
+            threads: set[int] = set()
+
+            def done_for(i: int):
+                def done(fut: asyncio.Future) -> None:
+                    threads.add(threading.get_ident())
+                    assert i not in seen, f"done of {i} ran twice"
+                    frame = fut.result()
+                    seen[i] = (frame.header["i"], bytes(frame.body))
+                return done
+
+            written: list[bool] = []
+            for i in range(200):
+                written += await _write_from_other_thread(
+                    client, loop_, [(ECHO, {"i": i}, f"b{i}".encode(), 5.0)], done_for(i))
+            await wait_until(lambda: len(seen) == written.count(True), what="every written request answered")
+            await asyncio.sleep(0.05)
+            assert len(seen) == written.count(True)  # a refused write never calls done
+            assert all(seen[i] == (i, f"b{i}".encode()) for i in seen)
+            assert threads <= {loop_thread}
+            if name == "tcp":
+                assert all(written)
+    run(loop, main)
+
+
+@each
+def test_an_unanswered_request_times_out(name: str, loop: str) -> None:
+    async def main() -> None:
+        async with serving(name) as (_handler, _server, client):
+            await client.request(Frame(ECHO), 5)
+            loop_ = asyncio.get_running_loop()
+            outcome: list[BaseException | None] = []
+            written = await _write_from_other_thread(
+                client, loop_, [(SLEEP, {"seconds": 5.0}, b"", 0.2)], lambda fut: outcome.append(fut.exception()))
+            if not written[0]:
+                await asyncio.sleep(0.3)
+                assert outcome == []
+                return
+            started = loop_.time()
+            await wait_until(lambda: bool(outcome), timeout=5, what="the timeout")
+            assert isinstance(outcome[0], RequestTimeoutError)
+            assert loop_.time() - started < 3.0
+            assert len(outcome) == 1
+    run(loop, main)
+
+
+@each
+def test_a_dropped_connection_fails_the_request_and_a_later_write_reconnects(name: str, loop: str) -> None:
+    async def main() -> None:
+        t = transport(name)
+        s = settings(connect_timeout=5.0)
+        handler = ScriptedHandler()
+        server = await t.serve(HOST, 0, handler, s)
+        port = server.address[1]
+        client = await t.connect(HOST, port, s)
+        server2 = None
+        try:
+            await client.request(Frame(ECHO), 5)
+            loop_ = asyncio.get_running_loop()
+            outcome: list[BaseException | None] = []
+            written = await _write_from_other_thread(
+                client, loop_, [(SLEEP, {"seconds": 30.0}, b"", 30.0)], lambda fut: outcome.append(fut.exception()))
+            if written[0]:
+                await wait_until(lambda: handler.requests and handler.requests[-1].code == SLEEP, what="the request")
+                await server.close()
+                await wait_until(lambda: bool(outcome), timeout=10, what="the failure")
+                assert isinstance(outcome[0], ConnectionLostError)
+            else:
+                await server.close()
+            server2 = await t.serve(HOST, port, ScriptedHandler(), s)
+            answers: list[object] = []
+            later = False
+            for _ in range(30):  # refused until the connection is open again (it reconnects itself)
+                later = (await _write_from_other_thread(
+                    client, loop_, [(ECHO, {"n": 1}, b"again", 5.0)], lambda fut: answers.append(fut.result())))[0]
+                if later:
+                    break
+                await asyncio.sleep(0.1)
+            if name == "tcp":
+                assert later
+            if later:
+                await wait_until(lambda: bool(answers), what="the answer after the reconnect")
+                assert bytes(answers[0].body) == b"again"
+        finally:
+            await client.close()
+            if server2 is not None:
+                await server2.close()
+            await server.close()
+    run(loop, main)
