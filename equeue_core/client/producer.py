@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from equeue_core import record
-from equeue_core.client.connection import DEFAULT_TIMEOUT, BrokerConnection
+from equeue_core.client.connection import DEFAULT_TIMEOUT, BrokerConnection, raise_for_error
 from equeue_core.client.credentials import credentials
 from equeue_core.client.direct import DirectConnection
 from equeue_core.client.fault import LatencyFaultTolerance
@@ -31,6 +31,7 @@ from equeue_core.codes import Code
 from equeue_core.errors import (
     BrokerBusyError,
     ClientClosedError,
+    ConnectionLostError,
     EQueueError,
     InvalidMessageError,
     RequestTimeoutError,
@@ -45,6 +46,7 @@ log = logging.getLogger("equeue.producer")
 ROUTE_TTL_S = 30.0
 _SEND = int(Code.SEND)
 MAX_FRAME_BODY = 15 * 1024 * 1024
+LANE_DEPTH = 4  # send_async frames on a Producer's thread lane at most (AsyncProducer.send_on_lane)
 MAX_CACHED_HEADERS = 4096  # (topic, queue id) SEND headers a Producer keeps encoded (then starts over)
 
 
@@ -247,7 +249,9 @@ class AsyncProducer:
         # it under _lock): a new batch leaves at once while its key has none in flight, else when
         # the last one is answered (_answered deletes a key under _lock)
         self._in_flight: dict[tuple[str, Any, bool], int] = {}
-        self._linger_armed: set[tuple[str, Any, bool]] = set()  # keys with a _linger_check pending (loop thread)
+        # keys with a _linger_check pending, and its timer (loop thread); cancelled when the key
+        # goes idle, so a lone send_async costs no timer wake-up a linger after its answer
+        self._linger_armed: dict[tuple[str, Any, bool], asyncio.TimerHandle] = {}
         self.max_in_flight = max_in_flight
         self._enqueued = 0  # messages ever queued (callers, under _lock)
         self._released = 0  # of those, answered or failed (the loop thread only)
@@ -259,6 +263,21 @@ class AsyncProducer:
         self._deferred: dict[tuple[str, Any, bool], None] = {}
         self._tasks: set[asyncio.Future] = set()
         self._closed = False
+        # The thread lane (open_thread_lane): a connection of its own that callers' threads write
+        # a send_async frame of one message on, with no hop through the loop thread, while every
+        # unanswered message of the producer is on it (at most LANE_DEPTH). _lane_keys (under
+        # _lock): the batch keys with frames on the lane, and how many; while a key has one there
+        # its next batch gathers and leaves, on the main connection, when the last is answered
+        # (_lane_done), so a queue's frames never overtake each other.
+        self._lane: Any = None
+        self.lane_wanted = False  # the blocking Producer sets it: the first dispatch opens the lane
+        self._lane_opening: asyncio.Future | None = None
+        self._lane_keys: dict[tuple[str, Any, bool], int] = {}
+        self._lane_out = 0  # frames on the lane (under _lock)
+        self._behind_lane: dict[tuple[str, Any, bool], list[_OpenBatch]] = {}  # full batches waiting (under _lock)
+        self._lane_headers: dict[tuple[str, int], bytes] = {}
+        self._lane_idle: asyncio.Future | None = None  # flush() waiting for the lane (loop thread)
+        self.lane_frames = 0  # frames the lane carried (a counter for tests and benchmarks)
 
     @property
     def _pending(self) -> int:
@@ -332,24 +351,44 @@ class AsyncProducer:
         open_ = self._open
         # No call in the usual path of this critical section (see _lock in __init__)
         with self._lock:  # the lock of self._room (its own __enter__ is a Python-level call)
-            if self._enqueued - self._released >= self.max_in_flight:
+            pending = self._enqueued - self._released
+            if pending >= self.max_in_flight:
                 self._wait_for_room()
-            if key in open_:
-                batch = open_[key]
-                new = False
+                lane = False
+            else:  # every unanswered message is on the thread lane (none, when idle): this one too
+                lane = pending == self._lane_out and queue is None and self._lane is not None \
+                    and pending < LANE_DEPTH and key not in self._in_flight  # in flight: _answered not run yet
+            if lane:
+                self._lane_out = pending + 1
+                keys = self._lane_keys
+                keys[key] = keys[key] + 1 if key in keys else 1
+                self._enqueued += 1
+                batch = _OpenBatch(self._select(route, None))
             else:
-                new = True
-                idle = key not in self._in_flight
-                batch = open_[key] = _OpenBatch(self._select(route, None) if queue is None else queue)
-            self._enqueued += 1
-            index = batch.count
-            batch.count = index + 1
-            batch.parts += parts
-            size += batch.size
+                if key in open_:
+                    batch = open_[key]
+                    new = False
+                else:
+                    new = True
+                    idle = key not in self._in_flight and key not in self._lane_keys
+                    batch = open_[key] = _OpenBatch(self._select(route, None) if queue is None else queue)
+                self._enqueued += 1
+                index = batch.count
+                batch.count = index + 1
+                batch.parts += parts
+                size += batch.size
+                batch.size = size
+                full = size >= self.max_batch_bytes
+                if full:
+                    del open_[key]
+                    if key in self._lane_keys:  # it leaves after the lane's frames (_lane_done)
+                        self._behind_lane.setdefault(key, []).append(batch)
+                        full = new = False
+        if lane:
+            batch.count = 1
+            batch.parts = parts
             batch.size = size
-            full = size >= self.max_batch_bytes
-            if full:
-                del open_[key]
+            return self._send_on_lane(key, batch, message.topic)
         loop = self._loop
         assert loop is not None
         if full:
@@ -376,7 +415,7 @@ class AsyncProducer:
     def _linger_check(self, key: tuple[str, Any, bool]) -> None:
         """Every `linger` while batches of `key` are in flight (armed by _dispatch): the batch that
         opened meanwhile leaves now, so none waits longer than `linger` for an answer."""
-        self._linger_armed.discard(key)
+        del self._linger_armed[key]
         if key not in self._in_flight:
             return  # _answered sent whatever had gathered
         if not self._frame_room():
@@ -390,9 +429,8 @@ class AsyncProducer:
         if waiting is not None:
             self._dispatch(key, waiting)
         else:
-            self._linger_armed.add(key)
             assert self._loop is not None
-            self._loop.call_later(self.linger, self._linger_check, key)
+            self._linger_armed[key] = self._loop.call_later(self.linger, self._linger_check, key)
 
     def _linger_expired(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
         """A new batch of a key with nothing in flight (or one asked not to linger): it leaves at
@@ -409,6 +447,8 @@ class AsyncProducer:
         came meanwhile. Why: with many topics (or routing keys) each key's batch is small, and
         a frame per key per round trip costs both ends far more than the bytes; frames waiting
         here become fewer and fuller, where the broker would have queued them anyway."""
+        if key in self._lane_keys:
+            return  # the lane's frames of this key are out: _lane_done sends this batch after them
         if not self._frame_room():
             self._deferred[key] = None
             return
@@ -429,6 +469,8 @@ class AsyncProducer:
         while deferred and len(ready) < room:
             key = next(iter(deferred))
             del deferred[key]
+            if key in self._lane_keys:
+                continue  # its batch leaves after the lane's frames (_lane_done)
             batch = self._open.pop(key, None)
             if batch is not None:
                 ready.append((key, batch))
@@ -436,13 +478,15 @@ class AsyncProducer:
 
     def _dispatch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
         """On the loop thread: send a batch taken out of _open."""
+        if self.lane_wanted:  # the first send_async frame of a blocking Producer: open its lane
+            self.lane_wanted = False
+            self._lane_opening = asyncio.ensure_future(self.open_thread_lane())
         if self._router is None:
             self._frames += 1
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
         if key not in self._linger_armed:
-            self._linger_armed.add(key)
             assert self._loop is not None
-            self._loop.call_later(self.linger, self._linger_check, key)
+            self._linger_armed[key] = self._loop.call_later(self.linger, self._linger_check, key)
         task = asyncio.ensure_future(self._send_open_batch(key, batch))
         self._tasks.add(task)
         task.add_done_callback(functools.partial(self._answered, key))
@@ -459,6 +503,10 @@ class AsyncProducer:
             self._in_flight[key] = left
             if not deferred:
                 return
+        else:  # the key's linger check has nothing left to watch (a new dispatch arms its own)
+            timer = self._linger_armed.pop(key, None)
+            if timer is not None:
+                timer.cancel()
         # one turn of the lock for both: the key's own next batch (atomic with a caller's look at
         # _in_flight and its new batch in _open) and the batches waiting for room
         open_ = self._open
@@ -468,7 +516,7 @@ class AsyncProducer:
         with self._lock:
             if not left:
                 del self._in_flight[key]
-                if key in open_:
+                if key in open_ and key not in self._lane_keys:  # else it leaves after the lane's frames
                     if room and not deferred:  # the usual case, without a call under the lock
                         batch = open_[key]
                         del open_[key]
@@ -645,8 +693,107 @@ class AsyncProducer:
                 results[j] = r
         return results  # type: ignore[return-value]
 
+    # ---------------------------------------------------------------- the thread lane
+
+    async def open_thread_lane(self) -> bool:
+        """Open the lane (see __init__) when the transport can write from a caller's thread
+        (tcp without TLS: `write_from_thread`); False, and nothing opened, otherwise (or when the
+        connection fails: the main path goes on without a lane). A producer that never calls
+        send_async never opens it: it is one more connection to the broker."""
+        if self._router is not None or self._conn is None or self._lane is not None or self._closed:
+            return False
+        lane = BrokerConnection(self.broker, **self._credentials)
+        try:
+            await lane.connect()
+        except TransportError as e:
+            log.warning("no send_async lane to %s: %s", self.broker, e)
+            return False
+        if getattr(lane._conn, "write_from_thread", None) is None or lane.address.transport != "tcp" \
+                or self._closed:
+            await lane.close()
+            return False
+        with self._lock:
+            self._lane = lane
+        return True
+
+    def _send_on_lane(self, key: tuple[str, Any, bool], batch: _OpenBatch, topic: str) -> SendFuture:
+        """From a caller's thread (_enqueue chose the lane: every unanswered message of the
+        producer is on it, fewer than LANE_DEPTH, so nothing is in flight on the main connection
+        or gathering): write the message's frame now. A producer under load soon has a batch
+        gathering and batches as before; a sparse one (a message every few hundred µs) sends
+        nearly every message this way. A write the transport refuses goes the loop path."""
+        lane = self._lane
+        queue = batch.queue
+        body = b"".join(batch.parts)
+        header = self._lane_headers.get((topic, queue))
+        if header is None or lane._credentials is not None:
+            if len(self._lane_headers) >= MAX_CACHED_HEADERS:
+                self._lane_headers.clear()
+            header = encode_header(lane._signed(_SEND, {"topic": topic, "queue_id": queue}, body))
+            if lane._credentials is None:
+                self._lane_headers[(topic, queue)] = header
+        loop = self._loop
+        assert loop is not None
+        try:
+            written = lane._conn.write_from_thread(loop, _SEND, header, body, self.send_timeout,
+                                                   functools.partial(self._lane_done, key, batch))
+        except EQueueError as e:  # FrameTooLargeError: nothing written, the loop path says so too
+            log.debug("lane refused a frame: %s", e)
+            written = False
+        if not written:
+            loop.call_soon_threadsafe(self._lane_done, key, batch, None)
+        return SendFuture(batch, 0)
+
+    def _lane_done(self, key: tuple[str, Any, bool], batch: _OpenBatch, fut: Any) -> None:
+        """On the loop thread: the lane's frame was answered, failed, or (fut None) never
+        written. An answer or a broker's error settles the message; a transport failure sends it
+        again on the main connection, with the loop path's retries (at least once). Then what
+        gathered behind it leaves, in order."""
+        retry = True
+        if fut is not None:
+            self.lane_frames += 1
+            err = fut.exception() if not fut.cancelled() else ConnectionLostError("lane request cancelled")
+            if err is None:
+                try:
+                    h = raise_for_error(fut.result()).header
+                    answer = _BatchAnswer(key[0], batch.queue, h["id_prefix"], h["first_offset"], h["positions"])
+                except EQueueError as e:
+                    answer, err = None, e
+                if err is None or not isinstance(err, TransportError):
+                    retry = False
+                    batch.parts = []
+                    self._release(1)
+                    batch.resolve(answer, err)
+        if retry:
+            self._dispatch(key, batch)
+        with self._lock:
+            self._lane_out -= 1
+            left = self._lane_keys[key] - 1
+            if left:
+                self._lane_keys[key] = left
+                behind = ()
+            else:
+                del self._lane_keys[key]
+                behind = self._behind_lane.pop(key, ())
+        if left:
+            return
+        for b in behind:
+            self._dispatch(key, b)
+        if key in self._open and key not in self._in_flight:
+            self._send_open(key)
+        idle = self._lane_idle
+        if idle is not None and not idle.done() and not self._lane_out:
+            idle.set_result(None)
+
     async def flush(self) -> None:
         """Send every open batch now and wait for all in-flight sends."""
+        for _ in range(1000):  # the frames on the lane first (what gathered behind them follows)
+            if not self._lane_out:
+                break
+            assert self._loop is not None
+            self._lane_idle = self._loop.create_future()
+            if self._lane_out:
+                await asyncio.wait_for(asyncio.shield(self._lane_idle), self.send_timeout * (self.retries + 2))
         with self._lock:
             open_batches, self._open = self._open, {}
         for key, batch in open_batches.items():
@@ -659,6 +806,10 @@ class AsyncProducer:
             return
         await self.flush()
         self._closed = True
+        if self._lane_opening is not None:
+            await asyncio.gather(self._lane_opening, return_exceptions=True)
+        if self._lane is not None:
+            await self._lane.close()
         if self._conn is not None:
             await self._conn.close()
         if self._router is not None:
@@ -690,8 +841,14 @@ class Producer:
             run_sync(self._async.start())
             if self._async._conn is not None:  # one broker (with nameserver= sends go through the loop)
                 self._direct = DirectConnection.of(self._async._conn)
+                self._async.lane_wanted = self._direct is not None  # tcp, tls: see open_thread_lane
             self._started = True
         return self
+
+    @property
+    def lane_frames(self) -> int:
+        """send_async frames the thread lane carried (docs/client.md, "The thread lane")."""
+        return self._async.lane_frames
 
     def _route(self, topic: str) -> _Route:
         r = self._async._routes.get(topic)

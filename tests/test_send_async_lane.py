@@ -1,0 +1,129 @@
+"""The thread lane of `send_async` (AsyncProducer.send_on_lane): a producer with nothing
+unanswered writes a plain message's frame from the caller's thread on a connection of its own,
+with no hop through the client's loop thread. What it must keep: every message stored once its
+future says so, a queue's messages stored in the order they were sent (what gathers behind the
+lane's frame never overtakes it), batching under load, and at least once when the lane's
+connection breaks or its broker stops answering."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from equeue_core.client import Message, Producer
+from equeue_core.errors import TransportError
+from tests.helpers.broker import BrokerProcess, create_topic
+from tests.helpers.consume import consume
+
+
+def _bodies(address: str, topic: str, expected: int) -> list[bytes]:
+    """The topic's stored bodies, queue by queue in offset order."""
+    col = consume(address, f"g-{topic}", topic, expected, timeout=60)
+    return [body for _, _, _, body in sorted(col.items, key=lambda item: (item[1], item[2]))]
+
+
+def test_a_sparse_sender_goes_on_the_lane_and_every_message_is_stored(file_broker):
+    topic = create_topic(file_broker, "lane-sparse", 4)
+    with Producer(file_broker.address) as p:
+        results = []
+        for i in range(200):
+            results.append(p.send_async(Message(topic, f"m{i}".encode())).result(30))
+        lane_frames = p.lane_frames
+    assert lane_frames >= 190, f"only {lane_frames} of 200 idle sends went on the lane"
+    assert len({(r.queue_id, r.queue_offset) for r in results}) == 200
+    assert len({r.msg_id for r in results}) == 200
+    assert sorted(_bodies(file_broker.address, topic, 200)) == sorted(f"m{i}".encode() for i in range(200))
+
+
+def test_what_gathers_behind_the_lane_frame_is_stored_after_it(file_broker):
+    """One queue, so every frame goes to it: a lone send (the lane) then at once a burst (which
+    gathers while the lane's frame is out, full batches among it): stored in send order."""
+    topic = create_topic(file_broker, "lane-order", 1)
+    sent = []
+    with Producer(file_broker.address, max_batch_bytes=2048) as p:
+        futures = []
+        for round_ in range(60):
+            p.flush()  # nothing unanswered: the next send_async takes the lane
+            for j in range(1 + round_ % 7 * 10):
+                body = f"{round_}-{j}".encode().ljust(100, b".")
+                sent.append(body)
+                futures.append(p.send_async(Message(topic, body)))
+        results = [f.result(30) for f in futures]
+        lane_frames = p.lane_frames
+    assert lane_frames >= 50
+    assert [r.queue_offset for r in results] == sorted(r.queue_offset for r in results)
+    assert len({r.queue_offset for r in results}) == len(sent)
+    assert _bodies(file_broker.address, topic, len(sent)) == sent
+
+
+def test_under_load_messages_are_batched_not_sent_one_by_one(file_broker):
+    topic = create_topic(file_broker, "lane-load", 4)
+    with Producer(file_broker.address) as p:
+        p.send(Message(topic, b"warm-up"))
+        futures = [p.send_async(Message(topic, b"x" * 100)) for _ in range(20000)]
+        for f in futures:
+            f.result(60)
+        lane_frames = p.lane_frames
+    # the lane carries a message only when the producer had nothing unanswered
+    assert lane_frames < 1000
+
+
+def test_a_broker_killed_and_restarted_loses_no_acknowledged_message(tmp_path):
+    b = BrokerProcess(tmp_path / "data").start()
+    try:
+        topic = create_topic(b, "lane-restart", 4)
+        acknowledged: list[bytes] = []
+        failed = 0
+        with Producer(b.address, retries=2, send_timeout=5) as p:
+            for i in range(40):
+                body = f"before-{i}".encode()
+                p.send_async(Message(topic, body)).result(30)
+                acknowledged.append(body)
+            assert p.lane_frames >= 35
+            b.kill()
+            b.start()
+            deadline = time.monotonic() + 60
+            i = 0
+            while (i < 40 or len(acknowledged) < 80) and time.monotonic() < deadline:
+                body = f"after-{i}".encode()
+                i += 1
+                try:
+                    p.send_async(Message(topic, body)).result(30)
+                    acknowledged.append(body)
+                except TransportError:
+                    failed += 1  # the send's error after its retries: the caller knows
+                    time.sleep(0.05)
+            lane_after = p.lane_frames
+        assert len(acknowledged) >= 80
+        assert lane_after >= 70, "the lane did not reconnect after the restart"
+        stored = set(_bodies(b.address, topic, len(acknowledged)))
+        missing = [x for x in acknowledged if x not in stored]
+        assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {missing[:3]}"
+    finally:
+        b.stop()
+
+
+def test_a_lane_frame_the_broker_does_not_answer_is_retried_and_then_fails(tmp_path):
+    """The broker is stopped (SIGSTOP) with the lane's frame unanswered: after send_timeout the
+    frame is retried on the main connection, and after the retries the future fails with a
+    TransportError (never hangs, never reports success). Once the broker runs again the message
+    may be stored (at least once) and later sends succeed."""
+    b = BrokerProcess(tmp_path / "data").start()
+    try:
+        topic = create_topic(b, "lane-stopped", 4)
+        with Producer(b.address, retries=1, send_timeout=1.0) as p:
+            p.send_async(Message(topic, b"first")).result(30)
+            os.kill(b.proc.pid, signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                future = p.send_async(Message(topic, b"unanswered"))
+                error = future.exception(30)
+                waited = time.monotonic() - started
+            finally:
+                os.kill(b.proc.pid, signal.SIGCONT)
+            assert isinstance(error, TransportError), error
+            assert waited < 20
+            assert p.send_async(Message(topic, b"after")).result(30).topic == topic
+    finally:
+        b.stop()
