@@ -45,11 +45,11 @@ import threading
 import time
 from pathlib import Path
 
-from bench.answer_window import AnswerWindow
-
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # tests.helpers; appended so a --baseline tree's equeue_core wins
+
+from bench.answer_window import AnswerWindow  # noqa: E402  (after the path: a --baseline role imports it too)
 
 
 def emit(result: dict) -> None:
@@ -158,7 +158,8 @@ def role_sender(address: str, topic: str, rate: int, seconds: float, mode: str, 
         sent_s = time.perf_counter() - start
         p.flush()
         cpu = time.process_time() - cpu0
-    return {"sent": n, "achieved_rate": n / sent_s,
+        lane = getattr(p, "lane_frames", None)  # None: a --baseline tree without the lane
+    return {"sent": n, "achieved_rate": n / sent_s, "lane_frames": lane,
             "sender_cpu_us_per_msg": cpu * 1e6 / n if pacing == "sleep" else None}
 
 
