@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 from equeue_core.client import Message, Producer
@@ -55,6 +56,39 @@ def test_what_gathers_behind_the_lane_frame_is_stored_after_it(file_broker):
     assert [r.queue_offset for r in results] == sorted(r.queue_offset for r in results)
     assert len({r.queue_offset for r in results}) == len(sent)
     assert _bodies(file_broker.address, topic, len(sent)) == sent
+
+
+def test_threads_sharing_a_producer_each_keep_their_order(file_broker):
+    """Four threads send sparsely and in bursts through one producer to a one-queue topic: every
+    message is stored once, and each thread's messages in the order that thread sent them."""
+    topic = create_topic(file_broker, "lane-threads", 1)
+    errors: list[BaseException] = []
+    with Producer(file_broker.address) as p:
+        def sender(t: int) -> None:
+            try:
+                futures = []
+                for i in range(120):
+                    futures.append(p.send_async(Message(topic, f"{t}-{i}".encode())))
+                    if i % 10 == 0:
+                        futures[-1].result(30)  # idle again: the next one may take the lane
+                for f in futures:
+                    f.result(30)
+            except BaseException as e:  # reported below, not lost in the thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=sender, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        lane_frames = p.lane_frames
+    assert not errors, errors[:3]
+    assert lane_frames > 0
+    stored = _bodies(file_broker.address, topic, 480)
+    assert len(stored) == 480 and len(set(stored)) == 480
+    for t in range(4):
+        mine = [int(b.split(b"-")[1]) for b in stored if b.startswith(f"{t}-".encode())]
+        assert mine == list(range(120)), f"thread {t}: {mine[:20]}"
 
 
 def test_under_load_messages_are_batched_not_sent_one_by_one(file_broker):
