@@ -349,3 +349,33 @@ def test_a_lite_pull_refused_for_a_while_is_sent_again_by_the_next_poll_once_all
             assert [m.body for m in got] == [b"after"]
     finally:
         reload_to(ACL)
+
+
+
+def test_send_async_on_the_thread_lane_is_signed_and_a_refusal_fails_the_future(acl_broker):
+    """Sparse send_async messages go on the Producer's lane connection (docs/client.md): each
+    frame there is signed like the main path's, and one the ACL refuses (the account lost the
+    topic after the producer had its route) fails its future with AccessDeniedError, with no
+    retry: a refusal is not a transport failure."""
+    path = acl_broker.acl_path
+    lane_account = ("laner", "laner-secret-0001")
+    path.write_text(ACL + f'\n[[accounts]]\naccess_key = "{lane_account[0]}"\nsecret_key = "{lane_account[1]}"\n'
+                          'topics = ["orders.lane"]\n')
+    try:
+        with Producer(acl_broker.address, access_key=lane_account[0], secret_key=lane_account[1]) as p:
+            def sent() -> bool:
+                try:
+                    return p.send_async(Message("orders.lane", b"probe")).result(30) is not None
+                except AccessDeniedError:
+                    return False
+
+            assert wait_until(sent, 30, 0.3)
+            results = [p.send_async(Message("orders.lane", f"lane-{i}".encode())).result(30) for i in range(30)]
+            lane_frames = p.lane_frames
+            assert lane_frames >= 25
+            assert len({(r.queue_id, r.queue_offset) for r in results}) == 30
+            path.write_text(ACL)  # the account goes; the producer keeps its route
+            assert wait_until(lambda: not sent(), 30, 0.3)
+            assert p.lane_frames > lane_frames  # the refusals came back on the lane
+    finally:
+        path.write_text(ACL)

@@ -59,36 +59,58 @@ def test_what_gathers_behind_the_lane_frame_is_stored_after_it(file_broker):
 
 
 def test_threads_sharing_a_producer_each_keep_their_order(file_broker):
-    """Four threads send sparsely and in bursts through one producer to a one-queue topic: every
-    message is stored once, and each thread's messages in the order that thread sent them."""
+    """Four threads share one producer and a one-queue topic. Each round starts with the producer
+    idle (a barrier after every thread waited for its results), so the threads' first messages
+    race for the lane's slots and the rest gather behind them: every message is stored once, and
+    each thread's messages in the order that thread sent them."""
     topic = create_topic(file_broker, "lane-threads", 1)
     errors: list[BaseException] = []
+    rounds, burst = 12, 10
+    barrier = threading.Barrier(4)
     with Producer(file_broker.address) as p:
+        p.send_async(Message(topic, b"opens-the-lane")).result(30)
+
         def sender(t: int) -> None:
             try:
-                futures = []
-                for i in range(120):
-                    futures.append(p.send_async(Message(topic, f"{t}-{i}".encode())))
-                    if i % 10 == 0:
-                        futures[-1].result(30)  # idle again: the next one may take the lane
-                for f in futures:
-                    f.result(30)
+                for r in range(rounds):
+                    barrier.wait(30)
+                    futures = [p.send_async(Message(topic, f"{t}-{r * burst + i}".encode())) for i in range(burst)]
+                    for f in futures:
+                        f.result(30)
+                    barrier.wait(30)
             except BaseException as e:  # reported below, not lost in the thread
                 errors.append(e)
+                barrier.abort()
 
         threads = [threading.Thread(target=sender, args=(t,)) for t in range(4)]
         for th in threads:
             th.start()
         for th in threads:
-            th.join(60)
+            th.join(120)
         lane_frames = p.lane_frames
     assert not errors, errors[:3]
-    assert lane_frames > 0
-    stored = _bodies(file_broker.address, topic, 480)
-    assert len(stored) == 480 and len(set(stored)) == 480
+    assert lane_frames > rounds  # at least the first message of each round took the lane
+    total = 4 * rounds * burst
+    stored = [b for b in _bodies(file_broker.address, topic, total + 1) if b != b"opens-the-lane"]
+    assert len(stored) == total and len(set(stored)) == total
     for t in range(4):
         mine = [int(b.split(b"-")[1]) for b in stored if b.startswith(f"{t}-".encode())]
-        assert mine == list(range(120)), f"thread {t}: {mine[:20]}"
+        assert mine == list(range(rounds * burst)), f"thread {t}: {mine[:20]}"
+
+
+def test_a_large_message_goes_the_loop_path_and_the_lane_stays_up(file_broker):
+    topic = create_topic(file_broker, "lane-large", 4)
+    big = os.urandom(3 * 1024 * 1024)
+    with Producer(file_broker.address) as p:
+        p.send_async(Message(topic, b"small")).result(30)
+        before = p.lane_frames
+        assert p.send_async(Message(topic, big)).result(60).topic == topic
+        assert p.lane_frames == before  # not on the lane
+        for i in range(20):
+            p.send_async(Message(topic, f"s{i}".encode())).result(30)
+        assert p.lane_frames >= before + 19
+    bodies = _bodies(file_broker.address, topic, 22)
+    assert big in bodies and len(bodies) == 22
 
 
 def test_under_load_messages_are_batched_not_sent_one_by_one(file_broker):

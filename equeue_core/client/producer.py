@@ -46,7 +46,10 @@ log = logging.getLogger("equeue.producer")
 ROUTE_TTL_S = 30.0
 _SEND = int(Code.SEND)
 MAX_FRAME_BODY = 15 * 1024 * 1024
-LANE_DEPTH = 4  # send_async frames on a Producer's thread lane at most (AsyncProducer.send_on_lane)
+LANE_DEPTH = 4  # send_async frames on a Producer's thread lane at most (AsyncProducer._send_on_lane)
+# A larger record goes the loop path: the lane writes a frame in one non-blocking send or not at
+# all, and a frame the kernel takes only part of costs the lane its connection
+LANE_MAX_RECORD = 64 * 1024
 MAX_CACHED_HEADERS = 4096  # (topic, queue id) SEND headers a Producer keeps encoded (then starts over)
 
 
@@ -357,7 +360,8 @@ class AsyncProducer:
                 lane = False
             else:  # every unanswered message is on the thread lane (none, when idle): this one too
                 lane = pending == self._lane_out and queue is None and self._lane is not None \
-                    and pending < LANE_DEPTH and key not in self._in_flight  # in flight: _answered not run yet
+                    and pending < LANE_DEPTH and size <= LANE_MAX_RECORD \
+                    and key not in self._in_flight  # in flight: _answered not run yet
             if lane:
                 self._lane_out = pending + 1
                 keys = self._lane_keys
