@@ -358,10 +358,12 @@ class AsyncProducer:
             if pending >= self.max_in_flight:
                 self._wait_for_room()
                 lane = False
-            else:  # every unanswered message is on the thread lane (none, when idle): this one too
+            else:
+                # every unanswered message is on the thread lane (none, when idle): this one too.
+                # A key may still be in _in_flight here with its frames all answered (released:
+                # _answered runs a loop turn later); _answered leaves what gathers to _lane_done.
                 lane = pending == self._lane_out and queue is None and self._lane is not None \
-                    and pending < LANE_DEPTH and size <= LANE_MAX_RECORD \
-                    and key not in self._in_flight  # in flight: _answered not run yet
+                    and pending < LANE_DEPTH and size <= LANE_MAX_RECORD
             if lane:
                 self._lane_out = pending + 1
                 keys = self._lane_keys
@@ -420,8 +422,8 @@ class AsyncProducer:
         """Every `linger` while batches of `key` are in flight (armed by _dispatch): the batch that
         opened meanwhile leaves now, so none waits longer than `linger` for an answer."""
         del self._linger_armed[key]
-        if key not in self._in_flight:
-            return  # _answered sent whatever had gathered
+        if key not in self._in_flight or key in self._lane_keys:
+            return  # _answered sent whatever had gathered, or it leaves after the lane's frames
         if not self._frame_room():
             self._deferred[key] = None  # leaves with the next answer (_dispatch arms the next check)
             return
