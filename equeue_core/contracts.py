@@ -392,11 +392,12 @@ class ThreadWritableConnection(ClientConnection, Protocol):
 
     def write_from_thread(self, loop: Any, code: int, header: bytes, body: bytes, timeout: float,
                           done: Any) -> bool:
-        """Write one request whose header map is encoded (frame.encode_header); `done(future)`
-        runs on `loop`'s thread with the response frame or a TransportError (past `timeout`,
-        checked about once a second; connection lost). False: nothing written and `done` will
-        not run (not connected: the transport reconnects on its own; the kernel would not take
-        the whole frame at once). FrameTooLargeError: nothing written."""
+        """Write one request whose header map is encoded (frame.encode_header). `done(request)`
+        then runs once on `loop`'s thread, where `request.result()` is the response frame and
+        `request.exception()` a TransportError (past `timeout`, checked about once a second;
+        connection lost) or None. False: nothing written and `done` will not run (not connected:
+        the transport reconnects on its own; the kernel would not take the whole frame at once).
+        FrameTooLargeError: nothing written."""
         ...
 
 

@@ -262,7 +262,7 @@ class TcpClientConnection:
             proto.pending.pop(request_id, None)
 
     def write_from_thread(self, loop: asyncio.AbstractEventLoop, code: int, header: bytes, body: bytes,
-                          timeout: float, done: Callable[[asyncio.Future], object]) -> bool:
+                          timeout: float, done: Callable[[_ThreadRequest], object]) -> bool:
         """From any thread but the loop's: write one small request straight to the socket, no hop
         through the loop thread. `done(request)` then runs on the loop thread, in the callback
         that read the answer (or saw the failure): `request.result()` is the response frame,
