@@ -185,3 +185,14 @@ def test_a_lane_frame_the_broker_does_not_answer_is_retried_and_then_fails(tmp_p
             assert p.send_async(Message(topic, b"after")).result(30).topic == topic
     finally:
         b.stop()
+
+
+def test_a_producer_keeps_its_attributes_within_cpythons_shared_key_limit():
+    """CPython 3.11 keeps an instance's attributes in a shared-key dict only while it has fewer
+    than 30 of them; past that every attribute read of the send_async hot path is slower (_enqueue
+    +7 %, docs/benchmarks.md). New state goes into an object of its own (as _ThreadLane)."""
+    from equeue_core.client.producer import AsyncProducer
+
+    p = AsyncProducer("127.0.0.1:1")
+    p._lane = object()  # type: ignore[assignment]  # what a blocking Producer sets
+    assert len(vars(p)) <= 29, sorted(vars(p))

@@ -59,6 +59,7 @@ class ClusterRouter:
         # imported here: equeue_core.nameserver (loaded by config) imports equeue_core.client
         from equeue_core.client.nameserver import AsyncNameServerClient
 
+        self.nameserver = nameserver  # as given (AsyncProducer.nameserver shows it)
         self.nameservers = AsyncNameServerClient(nameserver, timeout, credentials=credentials)
         self.route_refresh_s = route_refresh_s
         self.settings = settings or TransportSettings(connect_timeout=min(5.0, timeout))
