@@ -12,7 +12,10 @@ import signal
 import threading
 import time
 
+import pytest
+
 from equeue_core.client import Message, Producer
+from equeue_core.client.producer import LANE_DEPTH
 from equeue_core.errors import TransportError
 from tests.helpers.broker import BrokerProcess, create_topic
 from tests.helpers.consume import consume
@@ -112,6 +115,44 @@ def test_a_large_message_goes_the_loop_path_and_the_lane_stays_up(file_broker):
         assert p.lane_frames >= before + 19
     bodies = _bodies(file_broker.address, topic, 22)
     assert big in bodies and len(bodies) == 22
+
+
+@pytest.mark.parametrize("behind_count", [0, 6])
+def test_close_waits_for_the_frames_on_the_lane_and_what_gathered_behind_them(tmp_path, behind_count):
+    """close() (its flush) waits until the lane's frames are answered, then sends what gathered
+    behind them. The broker is stopped (SIGSTOP) while the lane's frames and a batch behind them
+    are out, close() starts, and the broker goes on 0.3 s later: all are stored, in order."""
+    b = BrokerProcess(tmp_path / "data").start()
+    try:
+        topic = create_topic(b, "lane-close", 1)
+        p = Producer(b.address, send_timeout=10).start()
+        closed = threading.Event()
+        try:
+            p.send_async(Message(topic, b"first")).result(30)  # the lane is open from here on
+            time.sleep(0.01)  # answered and booked: the producer is idle
+            lane_before = p.lane_frames
+            os.kill(b.proc.pid, signal.SIGSTOP)
+            try:
+                on_lane = p.send_async(Message(topic, b"on-lane"))
+                behind = [p.send_async(Message(topic, f"behind-{i}".encode())) for i in range(behind_count)]
+                closer = threading.Thread(target=lambda: (p.close(), closed.set()))
+                closer.start()
+                time.sleep(0.3)
+                assert not closed.is_set(), "close() returned with the lane's frame unanswered"
+            finally:
+                os.kill(b.proc.pid, signal.SIGCONT)
+            closer.join(30)
+            assert closed.is_set()
+        finally:
+            p.close()
+        assert on_lane.result(0).topic == topic
+        assert p.lane_frames == lane_before + min(1 + behind_count, LANE_DEPTH)  # the rest gathered behind
+        offsets = [on_lane.result(0).queue_offset] + [f.result(0).queue_offset for f in behind]
+        assert offsets == sorted(offsets)
+        assert _bodies(b.address, topic, 2 + behind_count) == \
+            [b"first", b"on-lane"] + [f"behind-{i}".encode() for i in range(behind_count)]
+    finally:
+        b.stop()
 
 
 def test_under_load_messages_are_batched_not_sent_one_by_one(file_broker):
