@@ -390,6 +390,12 @@ class ThreadWritableConnection(ClientConnection, Protocol):
     read the answer. The connection is used for nothing else (the loop's own writes could
     interleave with a thread's)."""
 
+    @property
+    def thread_writable(self) -> bool:
+        """Whether write_from_thread can write on this connection at all (a connection that
+        would refuse every write says False, and a client keeps to its loop path)."""
+        ...
+
     def write_from_thread(self, loop: Any, code: int, header: bytes, body: bytes, timeout: float,
                           done: Any) -> bool:
         """Write one request whose header map is encoded (frame.encode_header). `done(request)`

@@ -31,7 +31,6 @@ from equeue_core.codes import Code
 from equeue_core.errors import (
     BrokerBusyError,
     ClientClosedError,
-    ConnectionLostError,
     EQueueError,
     InvalidMessageError,
     RequestTimeoutError,
@@ -140,6 +139,20 @@ class _BatchAnswer:
                 for i, msg_id in enumerate(msg_ids(self.id_prefix, self.positions))]
 
 
+def _cached_send_header(cache: dict[tuple[str, int], tuple[dict[str, Any], bytes]], topic: str,
+                        queue_id: int) -> tuple[dict[str, Any], bytes]:
+    """The plain SEND header of (topic, queue id) and its encoded bytes (frame.encode_header), kept
+    in `cache`: a producer sends to few queues, and past MAX_CACHED_HEADERS the cache starts over.
+    Callers that sign sign a copy (signing.sign), so the cached map stays plain."""
+    cached = cache.get((topic, queue_id))
+    if cached is None:
+        if len(cache) >= MAX_CACHED_HEADERS:
+            cache.clear()
+        header = {"topic": topic, "queue_id": queue_id}
+        cached = cache[(topic, queue_id)] = (header, encode_header(header))
+    return cached
+
+
 class _ThreadLane:
     """A blocking Producer's thread lane (AsyncProducer._send_on_lane): a connection of its own
     that callers' threads write a send_async frame of one message on, with no hop through the loop
@@ -151,7 +164,7 @@ class _ThreadLane:
 
     __slots__ = ("conn", "wanted", "opening", "keys", "out", "behind", "headers", "idle", "frames")
 
-    def __init__(self) -> None:
+    def __init__(self, headers: dict[tuple[str, int], tuple[dict[str, Any], bytes]]) -> None:
         self.conn: Any = None  # the BrokerConnection, once open_thread_lane opened it
         self.wanted = True  # not opened yet: the first dispatch opens it (in the background)
         self.opening: asyncio.Future | None = None
@@ -161,7 +174,7 @@ class _ThreadLane:
         self.keys: dict[tuple[str, Any, bool], int] = {}
         self.out = 0  # frames on the lane (under _lock)
         self.behind: dict[tuple[str, Any, bool], list[_OpenBatch]] = {}  # full batches waiting (under _lock)
-        self.headers: dict[tuple[str, int], bytes] = {}  # encoded SEND headers per (topic, queue)
+        self.headers = headers  # the Producer's SEND header cache (_cached_send_header), shared
         self.idle: asyncio.Future | None = None  # flush() waiting for the lane (loop thread)
         self.frames = 0  # frames the lane carried (Producer.lane_frames)
 
@@ -708,8 +721,8 @@ class AsyncProducer:
     # ---------------------------------------------------------------- the thread lane
 
     async def open_thread_lane(self) -> bool:
-        """Open the lane (see __init__) when the transport can write from a caller's thread
-        (tcp without TLS: `write_from_thread`); False, and nothing opened, otherwise (or when the
+        """Open the lane (see __init__) when the transport's connection can write from a
+        caller's thread (`thread_writable`: tcp without TLS); False, and nothing opened, otherwise (or when the
         connection fails: the main path goes on without a lane). A producer that never calls
         send_async never opens it: it is one more connection to the broker."""
         state = self._lane
@@ -722,8 +735,7 @@ class AsyncProducer:
         except TransportError as e:
             log.warning("no send_async lane to %s: %s", self.broker, e)
             return False
-        if getattr(lane._conn, "write_from_thread", None) is None or lane.address.transport != "tcp" \
-                or self._closed:
+        if not getattr(lane._conn, "thread_writable", False) or self._closed:
             await lane.close()
             return False
         with self._lock:
@@ -748,18 +760,13 @@ class AsyncProducer:
         lane = state.conn
         queue = batch.queue
         body = b"".join(batch.parts)
-        headers = state.headers
-        header = headers.get((topic, queue))
-        if header is None or lane._credentials is not None:
-            if len(headers) >= MAX_CACHED_HEADERS:
-                headers.clear()
-            header = encode_header(lane._signed(_SEND, {"topic": topic, "queue_id": queue}, body))
-            if lane._credentials is None:
-                headers[(topic, queue)] = header
+        header, header_b = _cached_send_header(state.headers, topic, queue)
+        if lane._credentials is not None:  # signed per request: a fresh timestamp and nonce
+            header_b = encode_header(lane._signed(_SEND, header, body))
         loop = self._loop
         assert loop is not None
         try:
-            written = lane._conn.write_from_thread(loop, _SEND, header, body, self.send_timeout,
+            written = lane._conn.write_from_thread(loop, _SEND, header_b, body, self.send_timeout,
                                                    functools.partial(self._lane_done, key, batch))
         except EQueueError as e:  # FrameTooLargeError: nothing written, the loop path says so too
             log.debug("lane refused a frame: %s", e)
@@ -778,7 +785,7 @@ class AsyncProducer:
         retry = True
         if fut is not None:
             state.frames += 1
-            err = fut.exception() if not fut.cancelled() else ConnectionLostError("lane request cancelled")
+            err = fut.exception()
             if err is None:
                 try:
                     h = raise_for_error(fut.result()).header
@@ -870,7 +877,7 @@ class Producer:
             if self._async._conn is not None:  # one broker (with nameserver= sends go through the loop)
                 self._direct = DirectConnection.of(self._async._conn)
                 if self._direct is not None:  # tcp, tls: see open_thread_lane
-                    self._async._lane = _ThreadLane()
+                    self._async._lane = _ThreadLane(self._send_headers)
             self._started = True
         return self
 
@@ -982,14 +989,7 @@ class Producer:
         ...; a timed-out send may have been stored, so at least once). The answer's header, or
         None if the direct connection is busy or closed."""
         a = self._async
-        key = (topic, queue_id)
-        cached = self._send_headers.get(key)
-        if cached is None:
-            if len(self._send_headers) >= MAX_CACHED_HEADERS:
-                self._send_headers.clear()
-            header = {"topic": topic, "queue_id": queue_id}
-            cached = self._send_headers[key] = (header, encode_header(header))
-        header, header_b = cached
+        header, header_b = _cached_send_header(self._send_headers, topic, queue_id)
         attempt = 0
         while True:
             try:

@@ -261,6 +261,12 @@ class TcpClientConnection:
             timer.cancel()
             proto.pending.pop(request_id, None)
 
+    @property
+    def thread_writable(self) -> bool:
+        """Whether write_from_thread can write at all: not over TLS (the TLS layer lives on the
+        loop thread), where it refuses every write."""
+        return self._tls is None
+
     def write_from_thread(self, loop: asyncio.AbstractEventLoop, code: int, header: bytes, body: bytes,
                           timeout: float, done: Callable[[_ThreadRequest], object]) -> bool:
         """From any thread but the loop's: write one small request straight to the socket, no hop
