@@ -63,8 +63,9 @@ def _processes_with(marker: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def equeue_and_installed_peers():
-    """One harness run over EQueue and every peer installed on this machine (none in CI)."""
-    r, marker = _run_harness(["equeue", *_installed_peers()])
+    """One harness run over EQueue, every peer installed on this machine (none in CI) and the
+    loopback floor."""
+    r, marker = _run_harness(["equeue", *_installed_peers(), "loopback_floor"])
     return r, _rows(r.stdout), marker
 
 
@@ -110,9 +111,33 @@ def test_ratio_table_has_a_row_per_comparison_and_a_column_per_peer(equeue_and_i
         assert row["equeue"] is not None and row["equeue"] > 0, row
         for peer in peers:
             assert row[peer] is not None and row[peer] > 0, (peer, row)
-    table = [line for line in r.stdout.splitlines() if line.startswith("|")]
+    ratio_part = r.stdout.split("\nBounds of this machine")[0]  # the bounds' own table follows it
+    table = [line for line in ratio_part.splitlines() if line.startswith("|")]
     assert table[0].startswith("| EQueue vs peer") and table[0].count("|") == 3 + len(peers)
     assert len(table) == 2 + len(ratio_rows)
+
+
+def test_loopback_floor_is_a_bound_under_the_table_not_a_peer_column(equeue_and_installed_peers):
+    """The floor's single sends (answered at once, and after an fdatasync) come as their own rows
+    and as one `peers-bound` line per flush mode, set against EQueue's single sends (and Redis's
+    when it is installed); the ratio table has no column for it (the column count above)."""
+    r, rows, _ = equeue_and_installed_peers
+    floor = {row["flush"]: row for row in rows if row.get("system") == "loopback-floor"}
+    assert set(floor) == {"async", "sync"}
+    for row in floor.values():
+        assert row["workload"] == "single" and row["count"] > 0 and row["msgs_per_s"] > 0, row
+    found = {row["workload"]: row for row in rows if row.get("bench") == "peers-bound"}
+    assert set(found) == {"single send 100 B, flush=async", "single send 100 B, flush=sync"}
+    redis = "redis_streams" in _installed_peers()
+    for flush, row in zip(("async", "sync"), found.values(), strict=True):
+        assert row["floor_msgs_per_s"] == floor[flush]["msgs_per_s"], row
+        assert row["equeue_msgs_per_s"] > 0 and row["equeue_vs_floor"] == round(
+            row["equeue_msgs_per_s"] / row["floor_msgs_per_s"], 2), row
+        assert (row["floor_vs_redis-streams"] is not None) == redis, row
+    lines = r.stdout.splitlines()
+    at = lines.index(next(line for line in lines if line.startswith("Bounds of this machine")))
+    table = [line for line in lines[at:] if line.startswith("| flush=")]
+    assert [line.split(" | ")[0] for line in table] == ["| flush=async", "| flush=sync"]
 
 
 def test_harness_leaves_no_process_it_started(equeue_and_installed_peers):

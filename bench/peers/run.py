@@ -32,8 +32,12 @@ from pathlib import Path
 
 from bench.peers.common import emit, run_latency, run_role
 
-DRIVERS = ["equeue", "redis_streams", "nats_jetstream", "rabbitmq"]
+DRIVERS = ["equeue", "redis_streams", "nats_jetstream", "rabbitmq", "loopback_floor"]
 REFERENCE = "equeue"
+# Systems that are bounds of this machine, not peers: no column in the ratio table, a section of
+# their own under it (print_bounds).
+FLOOR = "loopback-floor"
+BOUND_PEER = "redis-streams"  # the peer the issue's single-send target names
 
 
 def _ratio_specs() -> list[tuple[str, tuple, tuple, bool]]:
@@ -92,7 +96,7 @@ def ratios(rows: list[dict]) -> tuple[list[str], Table]:
     peers: list[str] = []
     theirs: dict[str, dict[tuple, dict]] = {}
     for r in rows:
-        if r.get("system") in (None, REFERENCE) or r.get("bench") != "peers":
+        if r.get("system") in (None, REFERENCE, FLOOR) or r.get("bench") != "peers":
             continue
         if r["system"] not in peers:
             peers.append(r["system"])
@@ -137,6 +141,45 @@ def print_table(peers: list[str], table: Table, rows: list[dict]) -> None:
     sys.stdout.flush()
 
 
+def bounds(rows: list[dict]) -> list[dict]:
+    """Per flush mode, the loopback floor's single sends against Redis's and EQueue's: how far
+    this machine lets a Python broker and client go (bench/peers/loopback_floor.py). Empty when
+    the floor did not run."""
+    single = {(r["system"], r.get("flush")): r.get("msgs_per_s") for r in rows
+              if r.get("bench") == "peers" and r.get("workload") == "single" and "error" not in r}
+    out = []
+    for flush in ("async", "sync"):
+        floor = single.get((FLOOR, flush))
+        if not floor:
+            continue
+        ours = single.get((REFERENCE, flush))
+        peer = single.get((BOUND_PEER, None))
+        out.append({"bench": "peers-bound", "workload": f"single send 100 B, flush={flush}",
+                    "floor_msgs_per_s": floor, "equeue_msgs_per_s": ours,
+                    f"{BOUND_PEER}_msgs_per_s": peer,
+                    f"floor_vs_{BOUND_PEER}": round(floor / peer, 2) if peer else None,
+                    "equeue_vs_floor": round(ours / floor, 2) if ours else None})
+    return out
+
+
+def print_bounds(found: list[dict]) -> None:
+    if not found:
+        return
+    print()
+    print(f"Bounds of this machine: {FLOOR}, a request and its answer over loopback with no broker work "
+          "(a blocking Python client, a bare uvloop server; flush=sync: one fdatasync per request)")
+    print()
+    print(f"| single send 100 B | floor | floor / {BOUND_PEER} (the most EQueue / {BOUND_PEER} can be) "
+          "| EQueue / floor |")
+    print("|---|---:|---:|---:|")
+    for b in found:
+        ceiling = b[f"floor_vs_{BOUND_PEER}"]
+        share = b["equeue_vs_floor"]
+        print(f"| {b['workload'].split(', ')[1]} | {b['floor_msgs_per_s'] / 1000:.1f}k/s | "
+              f"{'n/a' if ceiling is None else f'{ceiling:.2f}'} | {'n/a' if share is None else f'{share:.2f}'} |")
+    sys.stdout.flush()
+
+
 def run_system(driver: str, mod, system: str, info: dict, opts: dict, args: argparse.Namespace,
                rows: list[dict]) -> None:
     flush = opts.get("flush")
@@ -156,6 +199,7 @@ def run_system(driver: str, mod, system: str, info: dict, opts: dict, args: argp
         return row if "error" not in row else None
 
     common = {"info": info, "system": system}
+    workloads = getattr(mod, "WORKLOADS", ("produce", "consume", "latency", "single"))
     produced: dict[int, tuple[str, int]] = {}
     for size in args.sizes:
         for mode in mod.PRODUCE_MODES:
@@ -165,28 +209,30 @@ def run_system(driver: str, mod, system: str, info: dict, opts: dict, args: argp
                                                       "count": args.count, "mode": mode, "budget": args.budget})
             if ok and size not in produced:
                 produced[size] = (name, ok["count"])
-    if only_throughput:
+    if only_throughput and "single" in workloads:
         single = min(args.single_count, args.sync_single_count)
         record({"workload": "single", "mode": "sync-each", "size": 100},
                run_role, driver, "single", {**common, "name": "single", "size": 100, "count": single,
                                             "budget": args.budget})
+    if only_throughput:
         return
     for size, (name, count) in produced.items():
         record({"workload": "consume", "mode": "drain", "size": size},
                run_role, driver, "consume", {**common, "name": name, "count": count})
     n = int(args.rate * args.latency_seconds)
-    for mode in ("sleep", "spin"):
+    for mode in ("sleep", "spin") if "latency" in workloads else ():
         record({"workload": "latency", "mode": mode, "size": 100, "rate": args.rate},
                run_latency, driver, {**common, "name": f"lat{mode}", "size": 100, "count": n,
                                      "rate": args.rate, "seconds": args.latency_seconds, "spin": mode == "spin"})
-    for mode, spin, call in getattr(mod, "EXTRA_LATENCY_MODES", ()):
+    for mode, spin, call in getattr(mod, "EXTRA_LATENCY_MODES", ()) if "latency" in workloads else ():
         record({"workload": "latency", "mode": mode, "size": 100, "rate": args.rate},
                run_latency, driver, {**common, "name": f"lat{mode.replace('-', '')}", "size": 100, "count": n,
                                      "rate": args.rate, "seconds": args.latency_seconds, "spin": spin,
                                      "call": call})
-    record({"workload": "single", "mode": "sync-each", "size": 100},
-           run_role, driver, "single", {**common, "name": "single", "size": 100, "count": args.single_count,
-                                        "budget": args.budget})
+    if "single" in workloads:
+        record({"workload": "single", "mode": "sync-each", "size": 100},
+               run_role, driver, "single", {**common, "name": "single", "size": 100, "count": args.single_count,
+                                            "budget": args.budget})
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -228,6 +274,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     for label, ours, cells, _ in table:
         emit({"bench": "peers-ratio", "workload": label, "equeue": ours, **cells})
     print_table(peers, table, rows)
+    for bound in bounds(rows):
+        emit(bound)
+    print_bounds(bounds(rows))
     print(f"# peers benchmark took {time.monotonic() - started:.0f} s", file=sys.stderr)
     return rows
 
@@ -237,7 +286,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="smaller counts and shorter latency runs (~1 minute)")
     p.add_argument("--systems", help=f"comma list of drivers or systems (default all: {','.join(DRIVERS)})")
     p.add_argument("--count", type=int, help="messages per produce run (default 100000, --quick 20000)")
-    p.add_argument("--single-count", type=int, help="sends one by one (default 2000, --quick 500)")
+    p.add_argument("--single-count", type=int, help="sends one by one (default 10000, --quick 500)")
     p.add_argument("--sync-single-count", type=int, default=500, help="cap of single sends with flush=sync")
     p.add_argument("--latency-seconds", type=float, help="seconds of paced sending (default 5, --quick 2)")
     p.add_argument("--budget", type=float, help="seconds a produce or single-send run may take before it stops "
@@ -246,7 +295,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", default="100,1024", help="produce body sizes in bytes")
     a = p.parse_args(argv)
     a.count = a.count or (20_000 if a.quick else 100_000)
-    a.single_count = a.single_count or (500 if a.quick else 2000)
+    a.single_count = a.single_count or (500 if a.quick else 10_000)
     a.latency_seconds = a.latency_seconds or (2.0 if a.quick else 5.0)
     a.budget = a.budget or (2.0 if a.quick else 8.0)
     a.sizes = [int(s) for s in a.sizes.split(",")]
