@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from equeue_core.client.connection import BrokerConnection
+from equeue_core.client.fault import LatencyFaultTolerance
 from equeue_core.contracts import TransportSettings
 from equeue_core.errors import TransportError
 from equeue_core.nameserver.routes import TopicRoute
@@ -54,8 +55,11 @@ class _Cached:
 class ClusterRouter:
     def __init__(self, nameserver: str, route_refresh_s: float = DEFAULT_ROUTE_REFRESH_S,
                  timeout: float = 5.0, settings: TransportSettings | None = None,
-                 credentials: dict[str, str | None] | None = None) -> None:
-        """`credentials`: for the name servers and the brokers alike (client/credentials.py)."""
+                 credentials: dict[str, str | None] | None = None,
+                 fault: LatencyFaultTolerance | None = None) -> None:
+        """`credentials`: for the name servers and the brokers alike (client/credentials.py).
+        `fault`: the brokers a producer avoids for a while after failures (client/fault.py); the
+        producer keeps it here, with the routes it chooses among."""
         # imported here: equeue_core.nameserver (loaded by config) imports equeue_core.client
         from equeue_core.client.nameserver import AsyncNameServerClient
 
@@ -69,6 +73,7 @@ class ClusterRouter:
         self._replicas: dict[str, tuple[str, ...]] = {}  # broker name -> its replicas' addresses
         self._conns: dict[str, BrokerConnection] = {}  # address -> connection
         self._connecting = asyncio.Lock()
+        self.fault = fault if fault is not None else LatencyFaultTolerance()
 
     async def route(self, topic: str, refresh: bool = False) -> TopicRoute:
         """The topic's route, from the cache unless it is older than route_refresh_s or refresh.
