@@ -2,7 +2,11 @@
 and stored in the order sent, whatever mix of plain and other messages (keys, properties, str
 bodies, tags) and however often batches fill. A batch a caller fills is sealed
 (AsyncProducer._sealed) and leaves before any batch of its key opened after it. Also with the
-pure-Python record functions."""
+pure-Python record functions.
+
+Under load a plain message joins its topic's open batch in one frame (AsyncProducer._join_open),
+without `_enqueue`: the join must be taken, and must keep the order and max_in_flight as
+`_enqueue` does."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import sys
 from pathlib import Path
 
 from equeue_core.client import Message, Producer
+from equeue_core.client import producer as producer_module
 from tests.helpers.broker import create_topic
 from tests.helpers.consume import consume
 
@@ -75,6 +80,43 @@ def test_at_the_default_batch_size_a_burst_of_1_kib_messages_keeps_its_order(fil
     inversions = [i for i in range(1, len(offsets)) if offsets[i] < offsets[i - 1]]
     assert inversions == [], f"{len(inversions)} messages stored before earlier ones, first at {inversions[:5]}"
     assert offsets == list(range(60000))
+
+
+def test_under_load_plain_messages_join_the_open_batch_without_enqueue(file_broker, monkeypatch):
+    """Most messages of a burst join the batch that is open (fails if the join is never taken),
+    and the stored order is the send order."""
+    topic = create_topic(file_broker, "join-plain", 1)
+    calls = []
+    general = producer_module.AsyncProducer._enqueue
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return general(self, *args, **kwargs)
+
+    monkeypatch.setattr(producer_module.AsyncProducer, "_enqueue", counted)
+    sent = [f"{i:06d}".encode() for i in range(20000)]
+    with Producer(file_broker.address) as p:
+        futures = [p.send_async(Message(topic, body)) for body in sent]
+        results = [f.result(60) for f in futures]
+    # a message that opens a batch takes _enqueue; on a loaded machine batches are smaller
+    assert len(calls) < len(sent) // 2, f"{len(calls)} of {len(sent)} messages took _enqueue"
+    assert [r.queue_offset for r in results] == list(range(len(sent)))
+    assert _bodies(file_broker.address, topic, len(sent)) == sent
+
+
+def test_the_join_keeps_max_in_flight(file_broker):
+    """No send_async returns with more than max_in_flight messages unanswered."""
+    topic = create_topic(file_broker, "join-room", 2)
+    most = 0
+    with Producer(file_broker.address, max_in_flight=64) as p:
+        futures = []
+        for i in range(5000):
+            futures.append(p.send_async(Message(topic, f"{i}".encode())))
+            most = max(most, p._async._pending)
+        for f in futures:
+            f.result(60)
+    assert 0 < most <= 64
+    assert len(_bodies(file_broker.address, topic, 5000)) == 5000
 
 
 def test_the_order_with_the_pure_python_record_functions(file_broker):
