@@ -11,8 +11,10 @@ without `_enqueue`: the join must be taken, and must keep the order and max_in_f
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from equeue_core.client import Message, Producer
@@ -117,6 +119,53 @@ def test_the_join_keeps_max_in_flight(file_broker):
             f.result(60)
     assert 0 < most <= 64
     assert len(_bodies(file_broker.address, topic, 5000)) == 5000
+
+
+def test_threads_topics_and_routing_keys_keep_each_senders_order_per_queue(file_broker):
+    """Four threads share a producer with small batches and at most 2 frames out (so batches
+    fill, are sealed, wait for room and leave on answers and linger checks) over three topics;
+    some messages carry a routing key (pinned to one queue), sizes vary, and each round starts
+    from an idle producer (the lane). For every thread, queue and stream (a routing key's
+    messages are one stream, those without a key another: the two are not ordered against each
+    other), its messages get rising offsets in the order it sent them, and every message is
+    stored once."""
+    topics = [create_topic(file_broker, f"order-mix-{i}", q) for i, q in enumerate((1, 2, 3))]
+    errors: list[BaseException] = []
+    per_thread: dict[int, list[tuple[str, int, bool, int]]] = {t: [] for t in range(4)}
+    with Producer(file_broker.address, max_batch_bytes=8192, max_batches_in_flight=2) as p:
+        def sender(t: int) -> None:
+            rng = random.Random(t)
+            try:
+                for _ in range(3):
+                    futures, keyed = [], []
+                    for i in range(1500):
+                        topic = topics[rng.randrange(3)]
+                        body = f"{t}-{i}".encode().ljust(rng.choice((20, 200, 900, 3000)), b".")
+                        key = f"k{t}" if rng.random() < 0.3 else None
+                        futures.append(p.send_async(Message(topic, body), routing_key=key))
+                        keyed.append(key is not None)
+                    per_thread[t] += [(r.topic, r.queue_id, k, r.queue_offset)
+                                      for r, k in zip((f.result(60) for f in futures), keyed, strict=True)]
+                    p.flush()
+            except BaseException as e:  # reported below, not lost in the thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=sender, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(180)
+    assert not errors, errors[:3]
+    seen = set()
+    for t, results in per_thread.items():
+        assert len(results) == 4500
+        last: dict[tuple[str, int, bool], int] = {}
+        for topic, queue_id, keyed, offset in results:
+            where = (topic, queue_id, keyed)
+            assert offset > last.get(where, -1), f"thread {t}: {where} offset {offset} after {last[where]}"
+            last[where] = offset
+            seen.add((topic, queue_id, offset))
+    assert len(seen) == 4 * 4500
 
 
 def test_the_order_with_the_pure_python_record_functions(file_broker):

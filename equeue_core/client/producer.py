@@ -891,12 +891,18 @@ class AsyncProducer:
             if lane is None or not lane.out:
                 break
             assert self._loop is not None
-            idle = lane.idle = self._loop.create_future()
+            idle = lane.idle
+            if idle is None or idle.done():  # flushes at once (from several threads) share one
+                idle = lane.idle = self._loop.create_future()
             if lane.out:
                 await asyncio.wait_for(asyncio.shield(idle), self.send_timeout * (self.retries + 2))
+        # Emptied in place, never replaced: callers on other threads hold these dicts (read
+        # before they take the lock), and a batch added to a dict nobody sends would be lost.
         with self._lock:
-            open_batches, self._open = self._open, {}
-            sealed, self._sealed = self._sealed, {}
+            open_batches = dict(self._open)
+            self._open.clear()
+            sealed = dict(self._sealed)
+            self._sealed.clear()
         for key, batches in sealed.items():  # before the open batch of their key
             for batch in batches:
                 self._dispatch(key, batch)
