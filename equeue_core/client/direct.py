@@ -64,11 +64,13 @@ class DirectConnection:
             self._lock.release()
 
     def try_request_encoded(self, code: int, header: dict[str, Any], header_b: bytes, body: bytes,
-                            timeout: float) -> Frame | None:
+                            timeout: float, spin: bool = False) -> Frame | None:
         """`try_request` with `header_b`, the caller's frame.encode_header(header) (a producer
         reuses the bytes for every send to a queue). Same answers and errors; a connection with
         credentials signs `header` (the signature covers the request) and a transport without
-        request_encoded encodes it, exactly as try_request does."""
+        request_encoded encodes it, exactly as try_request does. `spin`: a request the broker
+        answers at once, worth waiting for without sleeping first (the transport's
+        request_encoded decides how; tcp: ANSWER_SPIN_S)."""
         request_encoded = self._request_encoded
         if self._credentials is not None or request_encoded is None:
             return self.try_request(code, header, body, timeout)
@@ -77,7 +79,7 @@ class DirectConnection:
         try:
             if self._closed:
                 return None
-            response = request_encoded(code, header_b, body, timeout)
+            response = request_encoded(code, header_b, body, timeout, spin=spin)
             return raise_for_error(response) if response.flags & FLAG_ERROR else response
         finally:
             self._lock.release()

@@ -1073,7 +1073,7 @@ class Producer:
         attempt = 0
         while True:
             try:
-                resp = direct.try_request_encoded(_SEND, header, header_b, body, timeout or a.send_timeout)
+                resp = direct.try_request_encoded(_SEND, header, header_b, body, timeout or a.send_timeout, spin=True)
                 return None if resp is None else resp.header
             except TransportError as e:
                 attempt += 1

@@ -17,6 +17,8 @@ Guarantees:
   before every request of a busy sender (a server closes only connections idle far longer).
 - Push frames and responses to earlier, timed-out request ids are read and dropped.
 - Not thread-safe: the owner serializes requests (equeue_core.client.direct does).
+- `request_encoded(..., spin=True)` waits for the answer peeking without blocking first (up to
+  ANSWER_SPIN_S, plain tcp only), then as above: same answers and errors, sooner.
 
 Pipelined use (contracts.PipelinedBlockingConnection; the LitePullConsumer's held pulls): `write`
 sends a request without waiting and returns its request id; `read` returns the next frame that
@@ -28,6 +30,7 @@ a partly received frame) as it is on that timeout, so the requests in flight are
 from __future__ import annotations
 
 import itertools
+import os
 import socket
 import ssl
 import struct
@@ -47,6 +50,21 @@ STALE_CHECK_AFTER_S = 0.2  # idle this long: peek for a close by the server befo
 # cost more than the wait they would trim.
 READ_TIMEOUT_SLACK = 0.005
 _PEEK = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)  # an int: or-ing the enum flags per call costs ~2 us
+# Waiting for an answer the server gives at once (request_encoded(..., spin=True): a producer's
+# SEND), the caller's thread first peeks at the socket for up to this long before it blocks in
+# recv. Why: on a VM a thread blocked in recv on an idle vCPU is woken by an IPI to a halted vCPU,
+# and a bare round trip here took 81 us blocking against 26 us with the client spinning, more
+# than the broker's work (docs/benchmarks.md, "The answer spin"). A thread that is still running
+# needs no wake-up, and the server's write then wakes nobody. The caller pays with its CPU for
+# the wait. Environment EQUEUE_ANSWER_SPIN_US (0: never spin).
+ANSWER_SPIN_S = float(os.environ.get("EQUEUE_ANSWER_SPIN_US", "200")) / 1e6
+# The spin only pays while answers come within it: each caught answer earns a credit (up to
+# SPIN_CREDIT_MAX), each miss costs SPIN_MISS_COST, and at zero the connection stops spinning and
+# tries again after SPIN_RETRY_AFTER requests. A server that answers slowly (flush=sync, a far
+# host) costs one spin in SPIN_RETRY_AFTER requests, not one per request.
+SPIN_CREDIT_MAX = 16
+SPIN_MISS_COST = 4
+SPIN_RETRY_AFTER = 64
 
 
 class BlockingTcpConnection:
@@ -66,6 +84,11 @@ class BlockingTcpConnection:
         self._rbuf = bytearray(RECV_SIZE)  # what recv_into fills
         self._rview = memoryview(self._rbuf)
         self._used = 0.0  # time.monotonic() of the last response
+        self._peek = bytearray(1)
+        self._spin_credit = SPIN_CREDIT_MAX  # see ANSWER_SPIN_S
+        self._spin_rest = 0  # requests since spinning stopped
+        self.spins_caught = 0  # answers that arrived while the caller spun
+        self.spins_missed = 0  # spins that ran out, then blocked
 
     @property
     def connected(self) -> bool:
@@ -110,14 +133,15 @@ class BlockingTcpConnection:
         return self._exchange(request_id, buffers, timeout)
 
     def request_encoded(self, code: int, header: bytes, body: bytes | bytearray | memoryview,
-                        timeout: float) -> wire.Frame:
+                        timeout: float, spin: bool = False) -> wire.Frame:
         """`request` of a frame whose header map the caller encoded (frame.encode_header) and may
         reuse: a producer's SEND header is the same for every send to a queue. Same guarantees;
-        a small frame leaves as one buffer (one plain send)."""
+        a small frame leaves as one buffer (one plain send). `spin`: the server usually answers
+        at once, so wait for the answer spinning first (ANSWER_SPIN_S; not over TLS)."""
         request_id = next(self._ids)
         buffers = wire.encode_parts(code, request_id, 0, header, body, self.settings.max_frame_size,
                                     JOIN_BELOW)  # FrameTooLargeError: nothing sent
-        return self._exchange(request_id, buffers, timeout)
+        return self._exchange(request_id, buffers, timeout, spin)
 
     def _reconnect(self) -> socket.socket:
         """Connect (again) and return the socket; ConnectionLostError if that fails."""
@@ -128,7 +152,7 @@ class BlockingTcpConnection:
         assert self._sock is not None
         return self._sock
 
-    def _exchange(self, request_id: int, buffers: list, timeout: float) -> wire.Frame:
+    def _exchange(self, request_id: int, buffers: list, timeout: float, spin: bool = False) -> wire.Frame:
         """Write the encoded request `request_id` and wait for its response."""
         now = time.monotonic()
         sock = self._sock
@@ -145,6 +169,8 @@ class BlockingTcpConnection:
                 sock.sendall(buffers[0])  # a small request (request_encoded joins it), as _write does
             else:
                 self._write(sock, buffers)
+            if spin and ANSWER_SPIN_S and self._tls is None:
+                self._spin(sock)
             while True:
                 response = self._read_frame(sock, deadline)
                 if response.request_id == request_id and not response.flags & wire.FLAG_PUSH:
@@ -162,6 +188,34 @@ class BlockingTcpConnection:
         except EQueueError:  # lost, or a response that does not decode: out of step either way
             self.close()
             raise
+
+    def _spin(self, sock: socket.socket) -> None:
+        """Peek at the socket, without blocking, until the answer's first bytes are there (or
+        the connection's end: the read that follows reports it) or ANSWER_SPIN_S ran out; then
+        the read. While the spin stops catching answers it is left out (see SPIN_CREDIT_MAX)."""
+        if self._spin_credit <= 0:
+            self._spin_rest += 1
+            if self._spin_rest < SPIN_RETRY_AFTER:
+                return
+            self._spin_rest = 0
+            self._spin_credit = 1
+        peek = sock.recv_into
+        buf = self._peek
+        clock = time.perf_counter
+        end = clock() + ANSWER_SPIN_S
+        while True:
+            try:
+                peek(buf, 1, _PEEK)
+            except BlockingIOError:
+                if clock() < end:
+                    continue
+                self.spins_missed += 1
+                self._spin_credit -= SPIN_MISS_COST
+                return
+            self.spins_caught += 1
+            if self._spin_credit < SPIN_CREDIT_MAX:
+                self._spin_credit += 1
+            return
 
     def _set_timeout(self, sock: socket.socket, timeout: float) -> None:
         """A plain socket stays in blocking mode with kernel timeouts (SO_RCVTIMEO/SO_SNDTIMEO), so

@@ -1,0 +1,94 @@
+"""The answer spin of the blocking tcp connection (plugins/transport_tcp/blocking.py,
+ANSWER_SPIN_S): a `Producer.send` waits for the broker's answer peeking at its socket before it
+blocks in recv. What it must keep: every send answered as before, the spin caught by answers that
+come within it, and a connection whose answers come later (flush=sync, a far broker) left
+spinning about once in SPIN_RETRY_AFTER requests, not on every one; a broker that dies while the
+caller spins fails the send, and the next send reconnects."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from equeue_plugins.transport_tcp import blocking
+
+from equeue_core.client import Message, Producer
+from equeue_core.errors import TransportError
+from tests.helpers.broker import BrokerProcess, create_topic
+
+
+def _conn(p: Producer) -> blocking.BlockingTcpConnection:
+    direct = p._direct
+    assert direct is not None, "a tcp Producer sends over its direct connection"
+    return direct._conn  # type: ignore[return-value]
+
+
+def test_answers_that_come_within_the_spin_are_caught(file_broker, monkeypatch):
+    monkeypatch.setattr(blocking, "ANSWER_SPIN_S", 2.0)  # longer than any answer of a live broker
+    topic = create_topic(file_broker, "spin-caught", 2)
+    with Producer(file_broker.address) as p:
+        results = [p.send(Message(topic, f"m{i}".encode())) for i in range(300)]
+        conn = _conn(p)
+        assert (conn.spins_caught, conn.spins_missed) == (300, 0)
+    assert len({(r.queue_id, r.queue_offset) for r in results}) == 300
+
+
+def test_answers_that_come_later_stop_the_spin(file_broker, monkeypatch):
+    """A window no answer can meet: after the starting credit is spent the connection spins only
+    once every SPIN_RETRY_AFTER requests (each costs the window; here 2 us)."""
+    monkeypatch.setattr(blocking, "ANSWER_SPIN_S", 2e-6)
+    topic = create_topic(file_broker, "spin-missed", 2)
+    sends = 400
+    with Producer(file_broker.address) as p:
+        for i in range(sends):
+            p.send(Message(topic, f"m{i}".encode()))
+        conn = _conn(p)
+        tries = conn.spins_caught + conn.spins_missed
+    at_most = blocking.SPIN_CREDIT_MAX // blocking.SPIN_MISS_COST + sends // blocking.SPIN_RETRY_AFTER + 1
+    assert 0 < tries <= at_most, (conn.spins_caught, conn.spins_missed, at_most)
+
+
+def test_environment_zero_turns_the_spin_off(file_broker):
+    """EQUEUE_ANSWER_SPIN_US=0 in a fresh process: no send spins."""
+    topic = create_topic(file_broker, "spin-off", 1)
+    code = ("from equeue_core.client import Message, Producer\n"
+            f"with Producer({file_broker.address!r}) as p:\n"
+            f"    [p.send(Message({topic!r}, b'x')) for _ in range(50)]\n"
+            "    c = p._direct._conn\n"
+            "    print(c.spins_caught, c.spins_missed)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "EQUEUE_ANSWER_SPIN_US": "0"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0", "0"]
+
+
+@pytest.mark.parametrize("how", ["kill", "stop-then-kill"])
+def test_a_broker_that_dies_while_the_caller_spins_fails_the_send_and_a_new_one_is_used(tmp_path, monkeypatch, how):
+    """kill -9 of the broker with the caller waiting (spinning 2 s, or the broker stopped first
+    so the send is surely in its spin): the send raises a TransportError well before its
+    timeouts run out, and once a broker listens on the port again the next send works."""
+    monkeypatch.setattr(blocking, "ANSWER_SPIN_S", 2.0)
+    b = BrokerProcess(tmp_path / "data").start()
+    try:
+        topic = create_topic(b, "spin-dies", 1)
+        with Producer(b.address, send_timeout=5, retries=1) as p:
+            p.send(Message(topic, b"before"))
+            if how == "stop-then-kill":
+                os.kill(b.proc.pid, signal.SIGSTOP)
+                threading.Timer(0.3, b.kill).start()
+            else:
+                threading.Timer(0.05, b.kill).start()
+            started = time.monotonic()
+            with pytest.raises(TransportError):
+                for i in range(100_000):  # sending until the kill lands
+                    p.send(Message(topic, f"m{i}".encode()))
+            assert time.monotonic() - started < 5
+            b.start()
+            assert p.send(Message(topic, b"after")).topic == topic
+    finally:
+        b.stop()
