@@ -57,6 +57,9 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.lost = False
         self.write_paused = False
         self._resumed: asyncio.Future | None = None
+        # writers waiting for their turn (write_turn), in arrival order behind _write_order
+        self.queued_writes = 0
+        self._write_order = asyncio.Lock()
         self.refusal: EQueueError | None = None  # why the server closed us, if it said so
         self.received = False  # any bytes from the server yet
         self.reader = FrameReader(owner.settings.max_frame_size, self._on_frame, self._on_oversized,
@@ -119,6 +122,24 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             if self._resumed is None:
                 self._resumed = asyncio.get_running_loop().create_future()
             await self._resumed
+
+    def must_wait(self) -> bool:
+        """Whether a writer must take write_turn: the buffer is full, or others wait already."""
+        return self.write_paused or self.queued_writes > 0
+
+    async def write_turn(self) -> None:
+        """Return when this writer may write: after every writer that waited before it, and
+        with room in the send buffer (or the connection lost: the caller checks). The caller
+        writes before its next await, so writes leave in the order writers arrived. Why: a
+        writer that waited for a drain used to be overtaken by one that came after the drain
+        and found room, and a producer's batches of one queue were stored out of order."""
+        self.queued_writes += 1
+        try:
+            async with self._write_order:
+                while self.write_paused and not self.lost:
+                    await self.drain()
+        finally:
+            self.queued_writes -= 1
 
     def _on_frame(self, frame: wire.Frame) -> None:
         if frame.flags & wire.FLAG_PUSH:
@@ -245,8 +266,8 @@ class TcpClientConnection:
         proto = self._proto
         if proto is None or proto.lost:
             proto = await self._ready()
-        if proto.write_paused:
-            await proto.drain()
+        if proto.must_wait():
+            await proto.write_turn()
         if proto.lost:  # dropped (or refused by the server) before we could write
             raise proto.refusal or ConnectionLostError(f"connection to {self.address} lost")
         loop = asyncio.get_running_loop()
@@ -351,8 +372,8 @@ class TcpClientConnection:
         proto = self._proto
         if proto is None or proto.lost:
             proto = await self._ready()
-        if proto.write_paused:
-            await proto.drain()
+        if proto.must_wait():
+            await proto.write_turn()
         if proto.lost:
             raise proto.refusal or ConnectionLostError(f"connection to {self.address} lost")
         assert proto.writer is not None

@@ -95,6 +95,45 @@ def test_thousand_concurrent_requests_on_one_connection(name: str, loop: str) ->
     run(loop, main)
 
 
+def test_requests_reach_the_handler_in_call_order_when_the_send_buffer_fills(name: str, loop: str) -> None:
+    """A request started each loop turn (as a producer dispatches batches from callbacks), each
+    larger than the client's send buffer, to a server that takes one at a time and sleeps a
+    millisecond on each: writing pauses and resumes again and again, and a request that starts
+    right after a resume must not overtake those still waiting for their turn to write. A
+    producer's batches of one queue are such requests: their order is the queue's order
+    (tests/test_send_async_order.py)."""
+    async def main() -> None:
+        t = transport(name)
+        handler = ScriptedHandler()
+        server = await t.serve(HOST, 0, handler, settings(max_requests_in_flight=1, socket_buffer=64 * 1024))
+        client = await t.connect(HOST, server.address[1], settings(socket_buffer=64 * 1024))
+        try:
+            body = os.urandom(96 * 1024)
+            count = 120
+            tasks: list[asyncio.Future] = []
+            running = asyncio.get_running_loop()
+            done = running.create_future()
+
+            def spawn() -> None:
+                i = len(tasks)
+                frame = Frame(SLEEP, header={"i": i, "seconds": 0.001}, body=body)
+                tasks.append(asyncio.ensure_future(client.request(frame, 60)))
+                if len(tasks) < count:
+                    running.call_soon(spawn)
+                else:
+                    done.set_result(None)
+
+            running.call_soon(spawn)
+            await done
+            await asyncio.gather(*tasks)
+            arrived = [f.header["i"] for f in handler.requests]
+            assert arrived == list(range(count)), f"first out of order at {next(i for i, n in enumerate(arrived) if n != i)}"
+        finally:
+            await client.close()
+            await server.close()
+    run(loop, main)
+
+
 def test_oneway_frames_reach_the_handler_and_get_no_response(name: str, loop: str) -> None:
     async def main() -> None:
         async with serving(name) as (handler, _server, client):
