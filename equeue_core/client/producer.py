@@ -896,13 +896,18 @@ class AsyncProducer:
                 idle = lane.idle = self._loop.create_future()
             if lane.out:
                 await asyncio.wait_for(asyncio.shield(idle), self.send_timeout * (self.retries + 2))
-        # Emptied in place, never replaced: callers on other threads hold these dicts (read
-        # before they take the lock), and a batch added to a dict nobody sends would be lost.
+        # Taken out in place, never replaced: callers on other threads hold these dicts (read
+        # before they take the lock), and a batch added to a dict nobody sends would be lost. A
+        # key another thread put on the lane since the wait above stays: its batches leave after
+        # the lane's frames (_lane_done), so they cannot overtake them.
         with self._lock:
-            open_batches = dict(self._open)
-            self._open.clear()
-            sealed = dict(self._sealed)
-            self._sealed.clear()
+            on_lane = lane.keys if lane is not None else {}
+            open_batches = {k: b for k, b in self._open.items() if k not in on_lane}
+            sealed = {k: b for k, b in self._sealed.items() if k not in on_lane}
+            for k in open_batches:
+                del self._open[k]
+            for k in sealed:
+                del self._sealed[k]
         for key, batches in sealed.items():  # before the open batch of their key
             for batch in batches:
                 self._dispatch(key, batch)
