@@ -1,9 +1,10 @@
 """The answer spin of the blocking tcp connection (plugins/transport_tcp/blocking.py,
 ANSWER_SPIN_S): a `Producer.send` waits for the broker's answer peeking at its socket before it
-blocks in recv. What it must keep: every send answered as before, the spin caught by answers that
-come within it, and a connection whose answers come later (flush=sync, a far broker) left
-spinning about once in SPIN_RETRY_AFTER requests, not on every one; a broker that dies while the
-caller spins fails the send, and the next send reconnects."""
+blocks in recv, when it sends back to back. What it must keep: every send answered as before, the
+spin caught by answers that come within it, a caller that sleeps between sends never spinning, and
+a connection whose answers come later (flush=sync, a far broker) left spinning about once in
+SPIN_RETRY_AFTER requests, not on every one; a broker that dies while the caller spins fails the
+send, and the next send reconnects."""
 
 from __future__ import annotations
 
@@ -28,20 +29,37 @@ def _conn(p: Producer) -> blocking.BlockingTcpConnection:
     return direct._conn  # type: ignore[return-value]
 
 
-def test_answers_that_come_within_the_spin_are_caught(file_broker, monkeypatch):
+def test_a_caller_sending_back_to_back_spins_and_answers_are_caught(file_broker, monkeypatch):
+    """Sends in a loop: after SPIN_STREAK of them each came right after the previous answer,
+    every send spins, and a window longer than any answer catches each one."""
     monkeypatch.setattr(blocking, "ANSWER_SPIN_S", 2.0)  # longer than any answer of a live broker
+    monkeypatch.setattr(blocking, "SPIN_AFTER_S", 0.05)  # back to back even on a loaded machine
     topic = create_topic(file_broker, "spin-caught", 2)
     with Producer(file_broker.address) as p:
         results = [p.send(Message(topic, f"m{i}".encode())) for i in range(300)]
         conn = _conn(p)
-        assert (conn.spins_caught, conn.spins_missed) == (300, 0)
+        assert conn.spins_missed == 0
+        assert 300 - blocking.SPIN_STREAK - 2 <= conn.spins_caught <= 300 - blocking.SPIN_STREAK, conn.spins_caught
     assert len({(r.queue_id, r.queue_offset) for r in results}) == 300
+
+
+def test_a_caller_that_sleeps_between_sends_never_spins(file_broker, monkeypatch):
+    """A paced sender (1 ms between sends) would pay the whole spin in CPU: it never spins."""
+    monkeypatch.setattr(blocking, "ANSWER_SPIN_S", 2.0)
+    topic = create_topic(file_broker, "spin-paced", 1)
+    with Producer(file_broker.address) as p:
+        for i in range(60):
+            p.send(Message(topic, f"m{i}".encode()))
+            time.sleep(0.001)
+        conn = _conn(p)
+        assert (conn.spins_caught, conn.spins_missed) == (0, 0)
 
 
 def test_answers_that_come_later_stop_the_spin(file_broker, monkeypatch):
     """A window no answer can meet: after the starting credit is spent the connection spins only
     once every SPIN_RETRY_AFTER requests (each costs the window; here 2 us)."""
     monkeypatch.setattr(blocking, "ANSWER_SPIN_S", 2e-6)
+    monkeypatch.setattr(blocking, "SPIN_AFTER_S", 0.05)
     topic = create_topic(file_broker, "spin-missed", 2)
     sends = 400
     with Producer(file_broker.address) as p:
@@ -73,6 +91,7 @@ def test_a_broker_that_dies_while_the_caller_spins_fails_the_send_and_a_new_one_
     so the send is surely in its spin): the send raises a TransportError well before its
     timeouts run out, and once a broker listens on the port again the next send works."""
     monkeypatch.setattr(blocking, "ANSWER_SPIN_S", 2.0)
+    monkeypatch.setattr(blocking, "SPIN_AFTER_S", 0.05)
     b = BrokerProcess(tmp_path / "data").start()
     try:
         topic = create_topic(b, "spin-dies", 1)

@@ -4,9 +4,11 @@ so a single-send figure can be read against what the machine allows.
 Not a peer but a bound. The server is a bare uvloop BufferedProtocol in its own process: it cuts
 length-prefixed requests out of what it reads and answers each at once with a fixed answer; in
 the flush=sync variant it first appends the request to a file and fdatasyncs it (the least a
-durable answer costs). The client is what `Producer.send` does over a blocking connection: one
-`sendall` of the request, `recv_into` until the whole answer is there. Requests and answers have
-the sizes of EQueue's SEND frame for a 100 B message and its answer.
+durable answer costs). The client is what `Producer.send` does over a blocking connection when
+it sends back to back: one `sendall` of the request, a non-blocking peek for the answer for up to
+the tcp plugin's ANSWER_SPIN_S (not with flush=sync, whose answers come after an fsync: our
+client stops spinning there), then `recv_into` until the whole answer is there. Requests and
+answers have the sizes of EQueue's SEND frame for a 100 B message and its answer.
 
 A Python broker and a Python client doing real work cannot beat this round trip, so on this
 machine EQueue's single sends reach at most `floor / Redis` times Redis's (bench/peers/run.py
@@ -54,7 +56,7 @@ def server(tmp: Path, flush: str = "async") -> Iterator[dict]:
     srv = ServerProcess([sys.executable, "-m", "bench.peers.loopback_floor", str(port), flush,
                          str(tmp / "floor.log.data")], tmp / "floor.log", cwd=ROOT).start(port)
     try:
-        yield {"port": port}
+        yield {"port": port, "flush": flush}
     finally:
         srv.stop()
 
@@ -62,15 +64,27 @@ def server(tmp: Path, flush: str = "async") -> Iterator[dict]:
 def single(info: dict, system: str, name: str, size: int, count: int, budget: float = 1e9) -> dict:
     import time
 
+    from equeue_plugins.transport_tcp.blocking import ANSWER_SPIN_S
+
     body = os.urandom(size + REQUEST_OVERHEAD - LENGTH.size)
     request = LENGTH.pack(len(body)) + body
     answer = bytearray(len(ANSWER))
     view = memoryview(answer)
+    spin = ANSWER_SPIN_S if info.get("flush", "async") == "async" else 0.0
+    peek = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)
     with socket.create_connection(("127.0.0.1", info["port"])) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def one() -> None:
             sock.sendall(request)
+            end = time.perf_counter() + spin
+            while spin:
+                try:
+                    sock.recv_into(view, 1, peek)
+                    break
+                except BlockingIOError:
+                    if time.perf_counter() >= end:
+                        break
             got = 0
             while got < len(answer):
                 n = sock.recv_into(view[got:])

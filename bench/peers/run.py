@@ -167,7 +167,8 @@ def print_bounds(found: list[dict]) -> None:
         return
     print()
     print(f"Bounds of this machine: {FLOOR}, a request and its answer over loopback with no broker work "
-          "(a blocking Python client, a bare uvloop server; flush=sync: one fdatasync per request)")
+          "(a Python client waiting as Producer.send does, a bare uvloop server; flush=sync: one fdatasync "
+          "per request)")
     print()
     print(f"| single send 100 B | floor | floor / {BOUND_PEER} (the most EQueue / {BOUND_PEER} can be) "
           "| EQueue / floor |")

@@ -58,6 +58,14 @@ _PEEK = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)  # an int: or-ing the enum fl
 # needs no wake-up, and the server's write then wakes nobody. The caller pays with its CPU for
 # the wait. Environment EQUEUE_ANSWER_SPIN_US (0: never spin).
 ANSWER_SPIN_S = float(os.environ.get("EQUEUE_ANSWER_SPIN_US", "200")) / 1e6
+# ...and only for a caller that sends back to back: its last SPIN_STREAK requests each came
+# within SPIN_AFTER_S of the previous answer. Its thread is busy anyway, so the spin costs it
+# little; a caller that sleeps between requests (a sender paced at 5k msg/s, which catches up
+# back to back now and then when a sleep overshoots) would pay the whole spin in CPU, on a small
+# machine taken from the broker and the consumers (the push Consumer's p99 went from 0.6 to
+# 2 ms with every paced send spinning; docs/benchmarks.md, "The answer spin").
+SPIN_AFTER_S = 20e-6
+SPIN_STREAK = 16
 # The spin only pays while answers come within it: each caught answer earns a credit (up to
 # SPIN_CREDIT_MAX), each miss costs SPIN_MISS_COST, and at zero the connection stops spinning and
 # tries again after SPIN_RETRY_AFTER requests. A server that answers slowly (flush=sync, a far
@@ -87,6 +95,8 @@ class BlockingTcpConnection:
         self._peek = bytearray(1)
         self._spin_credit = SPIN_CREDIT_MAX  # see ANSWER_SPIN_S
         self._spin_rest = 0  # requests since spinning stopped
+        self._answered = 0.0  # time.perf_counter() when the last answer was read
+        self._streak = 0  # requests in a row that came within SPIN_AFTER_S of the last answer
         self.spins_caught = 0  # answers that arrived while the caller spun
         self.spins_missed = 0  # spins that ran out, then blocked
 
@@ -170,13 +180,20 @@ class BlockingTcpConnection:
             else:
                 self._write(sock, buffers)
             if spin and ANSWER_SPIN_S and self._tls is None:
-                self._spin(sock)
+                if time.perf_counter() - self._answered >= SPIN_AFTER_S:
+                    self._streak = 0
+                elif self._streak < SPIN_STREAK:
+                    self._streak += 1
+                else:
+                    self._spin(sock)
             while True:
                 response = self._read_frame(sock, deadline)
                 if response.request_id == request_id and not response.flags & wire.FLAG_PUSH:
                     # used since the request began: idle time counts from a moment no later
                     # than the answer, so the stale check below never comes later than before
                     self._used = now
+                    if spin:
+                        self._answered = time.perf_counter()
                     return response
         except (TimeoutError, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO ran out
             self.close()
