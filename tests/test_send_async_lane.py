@@ -18,13 +18,7 @@ from equeue_core.client import Message, Producer
 from equeue_core.client.producer import LANE_DEPTH
 from equeue_core.errors import TransportError
 from tests.helpers.broker import BrokerProcess, create_topic
-from tests.helpers.consume import consume
-
-
-def _bodies(address: str, topic: str, expected: int) -> list[bytes]:
-    """The topic's stored bodies, queue by queue in offset order."""
-    col = consume(address, f"g-{topic}", topic, expected, timeout=60)
-    return [body for _, _, _, body in sorted(col.items, key=lambda item: (item[1], item[2]))]
+from tests.helpers.consume import stored_bodies
 
 
 def test_a_sparse_sender_goes_on_the_lane_and_every_message_is_stored(file_broker):
@@ -38,7 +32,7 @@ def test_a_sparse_sender_goes_on_the_lane_and_every_message_is_stored(file_broke
     assert lane_frames >= 150, f"only {lane_frames} of 200 idle sends went on the lane"
     assert len({(r.queue_id, r.queue_offset) for r in results}) == 200
     assert len({r.msg_id for r in results}) == 200
-    assert sorted(_bodies(file_broker.address, topic, 200)) == sorted(f"m{i}".encode() for i in range(200))
+    assert sorted(stored_bodies(file_broker.address, topic, 200)) == sorted(f"m{i}".encode() for i in range(200))
 
 
 def test_what_gathers_behind_the_lane_frame_is_stored_after_it(file_broker):
@@ -59,7 +53,7 @@ def test_what_gathers_behind_the_lane_frame_is_stored_after_it(file_broker):
     assert lane_frames >= 50
     assert [r.queue_offset for r in results] == sorted(r.queue_offset for r in results)
     assert len({r.queue_offset for r in results}) == len(sent)
-    assert _bodies(file_broker.address, topic, len(sent)) == sent
+    assert stored_bodies(file_broker.address, topic, len(sent)) == sent
 
 
 def test_threads_sharing_a_producer_each_keep_their_order(file_broker):
@@ -95,7 +89,7 @@ def test_threads_sharing_a_producer_each_keep_their_order(file_broker):
     assert not errors, errors[:3]
     assert lane_frames > rounds  # at least the first message of each round took the lane
     total = 4 * rounds * burst
-    stored = [b for b in _bodies(file_broker.address, topic, total + 1) if b != b"opens-the-lane"]
+    stored = [b for b in stored_bodies(file_broker.address, topic, total + 1) if b != b"opens-the-lane"]
     assert len(stored) == total and len(set(stored)) == total
     for t in range(4):
         mine = [int(b.split(b"-")[1]) for b in stored if b.startswith(f"{t}-".encode())]
@@ -113,7 +107,7 @@ def test_a_large_message_goes_the_loop_path_and_the_lane_stays_up(file_broker):
         for i in range(20):
             p.send_async(Message(topic, f"s{i}".encode())).result(30)
         assert p.lane_frames >= before + 19
-    bodies = _bodies(file_broker.address, topic, 22)
+    bodies = stored_bodies(file_broker.address, topic, 22)
     assert big in bodies and len(bodies) == 22
 
 
@@ -149,7 +143,7 @@ def test_close_waits_for_the_frames_on_the_lane_and_what_gathered_behind_them(tm
         assert p.lane_frames == lane_before + min(1 + behind_count, LANE_DEPTH)  # the rest gathered behind
         offsets = [on_lane.result(0).queue_offset] + [f.result(0).queue_offset for f in behind]
         assert offsets == sorted(offsets)
-        assert _bodies(b.address, topic, 2 + behind_count) == \
+        assert stored_bodies(b.address, topic, 2 + behind_count) == \
             [b"first", b"on-lane"] + [f"behind-{i}".encode() for i in range(behind_count)]
     finally:
         b.stop()
@@ -196,7 +190,7 @@ def test_a_broker_killed_and_restarted_loses_no_acknowledged_message(tmp_path):
             lane_after = p.lane_frames
         assert len(acknowledged) >= 80
         assert lane_after - lane_at_kill >= 20, "the lane did not reconnect after the restart"
-        stored = set(_bodies(b.address, topic, len(acknowledged)))
+        stored = set(stored_bodies(b.address, topic, len(acknowledged)))
         missing = [x for x in acknowledged if x not in stored]
         assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {missing[:3]}"
     finally:

@@ -20,21 +20,20 @@ from pathlib import Path
 from equeue_core.client import Message, Producer
 from equeue_core.client import producer as producer_module
 from tests.helpers.broker import create_topic
-from tests.helpers.consume import consume
+from tests.helpers.consume import stored_bodies
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _bodies(address: str, topic: str, expected: int) -> list[bytes]:
-    """The topic's stored bodies, queue by queue in offset order."""
-    col = consume(address, f"g-{topic}", topic, expected, timeout=60)
-    return [body for _, _, _, body in sorted(col.items, key=lambda item: (item[1], item[2]))]
+def _mixed_body(i: int) -> bytes:
+    """Body of message i of the mixed stream (its index first, sizes 60-109 bytes)."""
+    return f"{i:06d}".encode().ljust(60 + i % 50, b".")
 
 
 def _mixed(i: int, topic: str) -> Message:
     """Message i of a stream where every few messages cannot take the join (keys, properties, a
     str body) and some carry a tag (which the join does take)."""
-    body = f"{i:06d}".encode().ljust(60 + i % 50, b".")
+    body = _mixed_body(i)
     kind = i % 11
     if kind == 3:
         return Message(topic, body, keys=(f"k{i}",))
@@ -54,7 +53,7 @@ def send_mixed(address: str, topic: str, count: int, max_batch_bytes: int) -> li
         offsets = [f.result(60).queue_offset for f in futures]
     inversions = [i for i in range(1, count) if offsets[i] < offsets[i - 1]]
     assert not inversions and len(set(offsets)) == count, f"stored out of send order at {inversions[:5]}"
-    return [f"{i:06d}".encode().ljust(60 + i % 50, b".") for i in range(count)]
+    return [_mixed_body(i) for i in range(count)]
 
 
 def test_a_mix_of_messages_is_stored_in_send_order(file_broker):
@@ -67,7 +66,7 @@ def test_a_mix_of_messages_is_stored_in_send_order(file_broker):
     for round_ in range(10):
         topic = create_topic(file_broker, f"join-mixed-{round_}", 1)
         sent = send_mixed(file_broker.address, topic, 3000, max_batch_bytes=4096)
-    assert _bodies(file_broker.address, topic, len(sent)) == sent
+    assert stored_bodies(file_broker.address, topic, len(sent)) == sent
 
 
 def test_at_the_default_batch_size_a_burst_of_1_kib_messages_keeps_its_order(file_broker):
@@ -103,7 +102,7 @@ def test_under_load_plain_messages_join_the_open_batch_without_enqueue(file_brok
     # a message that opens a batch takes _enqueue; on a loaded machine batches are smaller
     assert len(calls) < len(sent) // 2, f"{len(calls)} of {len(sent)} messages took _enqueue"
     assert [r.queue_offset for r in results] == list(range(len(sent)))
-    assert _bodies(file_broker.address, topic, len(sent)) == sent
+    assert stored_bodies(file_broker.address, topic, len(sent)) == sent
 
 
 def test_the_join_keeps_max_in_flight(file_broker):
@@ -118,7 +117,7 @@ def test_the_join_keeps_max_in_flight(file_broker):
         for f in futures:
             f.result(60)
     assert 0 < most <= 64
-    assert len(_bodies(file_broker.address, topic, 5000)) == 5000
+    assert len(stored_bodies(file_broker.address, topic, 5000)) == 5000
 
 
 def test_threads_topics_and_routing_keys_keep_each_senders_order_per_queue(file_broker):
@@ -179,5 +178,5 @@ def test_the_order_with_the_pure_python_record_functions(file_broker):
                          env={**os.environ, "EQUEUE_PURE_PYTHON": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["sent"]
-    expected = [f"{i:06d}".encode().ljust(60 + i % 50, b".") for i in range(3000)]
-    assert _bodies(file_broker.address, topic, 9000) == expected * 3
+    expected = [_mixed_body(i) for i in range(3000)]
+    assert stored_bodies(file_broker.address, topic, 9000) == expected * 3

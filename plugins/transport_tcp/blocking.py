@@ -180,12 +180,7 @@ class BlockingTcpConnection:
             else:
                 self._write(sock, buffers)
             if spin and ANSWER_SPIN_S and self._tls is None:
-                if time.perf_counter() - self._answered >= SPIN_AFTER_S:
-                    self._streak = 0
-                elif self._streak < SPIN_STREAK:
-                    self._streak += 1
-                else:
-                    self._spin(sock)
+                self._spin(sock)
             while True:
                 response = self._read_frame(sock, deadline)
                 if response.request_id == request_id and not response.flags & wire.FLAG_PUSH:
@@ -209,7 +204,14 @@ class BlockingTcpConnection:
     def _spin(self, sock: socket.socket) -> None:
         """Peek at the socket, without blocking, until the answer's first bytes are there (or
         the connection's end: the read that follows reports it) or ANSWER_SPIN_S ran out; then
-        the read. While the spin stops catching answers it is left out (see SPIN_CREDIT_MAX)."""
+        the read. Left out for a caller that is not sending back to back (SPIN_STREAK) and while
+        the spin stops catching answers (SPIN_CREDIT_MAX)."""
+        if time.perf_counter() - self._answered >= SPIN_AFTER_S:
+            self._streak = 0
+            return
+        if self._streak < SPIN_STREAK:
+            self._streak += 1
+            return
         if self._spin_credit <= 0:
             self._spin_rest += 1
             if self._spin_rest < SPIN_RETRY_AFTER:

@@ -48,3 +48,10 @@ def consume(address: str, group: str, topic: str, expected: int, timeout: float 
     finally:
         c.close()
     return col
+
+
+def stored_bodies(address: str, topic: str, expected: int, timeout: float = 60.0) -> list[bytes]:
+    """The topic's stored bodies (waiting for `expected` of them), queue by queue in offset order:
+    what a test compares with the order it sent in."""
+    col = consume(address, f"g-{topic}", topic, expected, timeout=timeout)
+    return [body for _, _, _, body in sorted(col.items, key=lambda item: (item[1], item[2]))]
