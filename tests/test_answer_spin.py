@@ -1,9 +1,9 @@
 """The answer spin of the blocking tcp connection (plugins/transport_tcp/blocking.py,
 ANSWER_SPIN_S): a `Producer.send` waits for the broker's answer peeking at its socket before it
 blocks in recv, when it sends back to back. What it must keep: every send answered as before, the
-spin caught by answers that come within it, a caller that sleeps between sends never spinning, and
-a connection whose answers come later (flush=sync, a far broker) left spinning about once in
-SPIN_RETRY_AFTER requests, not on every one; a broker that dies while the caller spins fails the
+spin caught by answers that come within it, the CPU given up while it spins, a caller that sleeps
+between sends never spinning, and a connection whose answers come later (flush=sync, a far broker)
+left spinning about once in SPIN_RETRY_AFTER requests, not on every one; a broker that dies while the caller spins fails the
 send, and the next send reconnects."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from equeue_plugins.transport_tcp import blocking
 from equeue_core.client import Message, Producer
 from equeue_core.errors import TransportError
 from tests.helpers.broker import BrokerProcess, create_topic
+from tests.helpers.proxy import CuttableProxy
 
 
 def _conn(p: Producer) -> blocking.BlockingTcpConnection:
@@ -55,20 +56,50 @@ def test_a_caller_that_sleeps_between_sends_never_spins(file_broker, monkeypatch
         assert (conn.spins_caught, conn.spins_missed) == (0, 0)
 
 
+def test_a_spinning_caller_gives_its_cpu_to_the_broker_it_waits_for(file_broker, monkeypatch):
+    """The caller's thread and every broker thread pinned to one CPU: the broker can answer only
+    while the spinning caller lets it run. Yielding between peeks, the answers come within the
+    default window; without the yield every spin ran out its window (0 caught, all missed, and
+    then the credit stopped the spin)."""
+    monkeypatch.setattr(blocking, "SPIN_AFTER_S", 0.05)
+    topic = create_topic(file_broker, "spin-one-cpu", 1)
+    assert file_broker.proc is not None
+    cpu = min(os.sched_getaffinity(0))
+    saved = os.sched_getaffinity(0)
+    for task in os.listdir(f"/proc/{file_broker.proc.pid}/task"):
+        os.sched_setaffinity(int(task), {cpu})
+    os.sched_setaffinity(0, {cpu})  # this thread; the producer's loop thread inherits it
+    try:
+        with Producer(file_broker.address) as p:
+            for i in range(2000):
+                p.send(Message(topic, f"m{i}".encode()))
+            conn = _conn(p)
+    finally:
+        os.sched_setaffinity(0, saved)
+    assert conn.spins_caught >= 1000, (conn.spins_caught, conn.spins_missed)
+    assert conn.spins_missed * 10 < conn.spins_caught, (conn.spins_caught, conn.spins_missed)
+
+
 def test_answers_that_come_later_stop_the_spin(file_broker, monkeypatch):
-    """A window no answer can meet: after the starting credit is spent the connection spins only
-    once every SPIN_RETRY_AFTER requests (each costs the window; here 2 us)."""
-    monkeypatch.setattr(blocking, "ANSWER_SPIN_S", 2e-6)
+    """Every answer held back 2 ms by a proxy, ten times the window: after the starting credit is
+    spent the connection spins only once every SPIN_RETRY_AFTER requests, each spin a miss. An
+    answer caught anyway (the caller's thread kept off its CPU past the delay between its write
+    and its first peek, on a loaded machine) earns a credit, worth one more try."""
     monkeypatch.setattr(blocking, "SPIN_AFTER_S", 0.05)
     topic = create_topic(file_broker, "spin-missed", 2)
     sends = 400
-    with Producer(file_broker.address) as p:
-        for i in range(sends):
-            p.send(Message(topic, f"m{i}".encode()))
-        conn = _conn(p)
-        tries = conn.spins_caught + conn.spins_missed
-    at_most = blocking.SPIN_CREDIT_MAX // blocking.SPIN_MISS_COST + sends // blocking.SPIN_RETRY_AFTER + 1
-    assert 0 < tries <= at_most, (conn.spins_caught, conn.spins_missed, at_most)
+    proxy = CuttableProxy(file_broker.port, answer_delay=0.002)
+    try:
+        with Producer(proxy.address) as p:
+            for i in range(sends):
+                p.send(Message(topic, f"m{i}".encode()))
+            conn = _conn(p)
+    finally:
+        proxy.close()
+    caught, missed = conn.spins_caught, conn.spins_missed
+    assert caught < sends // 10, (caught, missed)
+    at_most = blocking.SPIN_CREDIT_MAX // blocking.SPIN_MISS_COST + sends // blocking.SPIN_RETRY_AFTER + 1 + caught
+    assert 0 < missed <= at_most, (caught, missed, at_most)
 
 
 def test_environment_zero_turns_the_spin_off(file_broker):

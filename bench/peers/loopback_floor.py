@@ -5,10 +5,11 @@ Not a peer but a bound. The server is a bare uvloop BufferedProtocol in its own 
 length-prefixed requests out of what it reads and answers each at once with a fixed answer; in
 the flush=sync variant it first appends the request to a file and fdatasyncs it (the least a
 durable answer costs). The client is what `Producer.send` does over a blocking connection when
-it sends back to back: one `sendall` of the request, a non-blocking peek for the answer for up to
-the tcp plugin's ANSWER_SPIN_S (not with flush=sync, whose answers come after an fsync: our
-client stops spinning there), then `recv_into` until the whole answer is there. Requests and
-answers have the sizes of EQueue's SEND frame for a 100 B message and its answer.
+it sends back to back: one `sendall` of the request, non-blocking peeks for the answer (yielding
+the vCPU between them) for up to the tcp plugin's ANSWER_SPIN_S (not with flush=sync, whose
+answers come after an fsync: our client stops spinning there), then `recv_into` until the whole
+answer is there. Requests and answers have the sizes of EQueue's SEND frame for a 100 B message
+and its answer.
 
 A Python broker and a Python client doing real work cannot beat this round trip, so on this
 machine EQueue's single sends reach at most `floor / Redis` times Redis's (bench/peers/run.py
@@ -85,6 +86,7 @@ def single(info: dict, system: str, name: str, size: int, count: int, budget: fl
                 except BlockingIOError:
                     if time.perf_counter() >= end:
                         break
+                    os.sched_yield()
             got = 0
             while got < len(answer):
                 n = sock.recv_into(view[got:])

@@ -58,14 +58,18 @@ _PEEK = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)  # an int: or-ing the enum fl
 # needs no wake-up, and the server's write then wakes nobody. The caller pays with its CPU for
 # the wait. Environment EQUEUE_ANSWER_SPIN_US (0: never spin).
 ANSWER_SPIN_S = float(os.environ.get("EQUEUE_ANSWER_SPIN_US", "200")) / 1e6
-# ...and only for a caller that sends back to back: its last SPIN_STREAK requests each came
-# within SPIN_AFTER_S of the previous answer. Its thread is busy anyway, so the spin costs it
-# little; a caller that sleeps between requests (a sender paced at 5k msg/s, which catches up
-# back to back now and then when a sleep overshoots) would pay the whole spin in CPU, on a small
-# machine taken from the broker and the consumers (the push Consumer's p99 went from 0.6 to
-# 2 ms with every paced send spinning; docs/benchmarks.md, "The answer spin").
+# ...and only for a caller that sends back to back: its last SPIN_STREAK requests each began
+# (before their write) within SPIN_AFTER_S of the previous answer. Its thread is busy anyway, so
+# the spin costs it little; a caller that sleeps between requests would pay the whole spin in
+# CPU, on a small machine taken from the broker and the consumers (the push Consumer's p99 went
+# from 0.6 to 2 ms with every paced send spinning; docs/benchmarks.md, "The answer spin").
 SPIN_AFTER_S = 20e-6
 SPIN_STREAK = 16
+# Each empty peek yields the vCPU (sched_yield) to any thread waiting for it. A paced sender
+# that falls behind (a sleep overshoots) sends back to back and spins while it catches up, which
+# is when the broker and the consumers need the CPU most: without the yield its push Consumer's
+# p99 went from 0.5-0.7 to 1.0-2.0 ms. A spinning thread that yields still keeps its vCPU out of
+# halt when nobody else wants it, which is all the spin is for.
 # The spin only pays while answers come within it: each caught answer earns a credit (up to
 # SPIN_CREDIT_MAX), each miss costs SPIN_MISS_COST, and at zero the connection stops spinning and
 # tries again after SPIN_RETRY_AFTER requests. A server that answers slowly (flush=sync, a far
@@ -172,6 +176,7 @@ class BlockingTcpConnection:
         if sock is None:
             sock = self._reconnect()
         deadline = now + timeout
+        began = time.perf_counter() if spin else 0.0  # see SPIN_AFTER_S
         try:
             if timeout != self._timeout:
                 self._set_timeout(sock, timeout)
@@ -180,7 +185,7 @@ class BlockingTcpConnection:
             else:
                 self._write(sock, buffers)
             if spin and ANSWER_SPIN_S and self._tls is None:
-                self._spin(sock)
+                self._spin(sock, began)
             while True:
                 response = self._read_frame(sock, deadline)
                 if response.request_id == request_id and not response.flags & wire.FLAG_PUSH:
@@ -201,12 +206,13 @@ class BlockingTcpConnection:
             self.close()
             raise
 
-    def _spin(self, sock: socket.socket) -> None:
-        """Peek at the socket, without blocking, until the answer's first bytes are there (or
-        the connection's end: the read that follows reports it) or ANSWER_SPIN_S ran out; then
-        the read. Left out for a caller that is not sending back to back (SPIN_STREAK) and while
+    def _spin(self, sock: socket.socket, began: float) -> None:
+        """Peek at the socket, without blocking and yielding the vCPU between peeks, until the
+        answer's first bytes are there (or the connection's end: the read that follows reports
+        it) or ANSWER_SPIN_S ran out; then the read. Left out for a caller that is not sending
+        back to back (SPIN_STREAK; `began`: perf_counter() before the request's write) and while
         the spin stops catching answers (SPIN_CREDIT_MAX)."""
-        if time.perf_counter() - self._answered >= SPIN_AFTER_S:
+        if began - self._answered >= SPIN_AFTER_S:
             self._streak = 0
             return
         if self._streak < SPIN_STREAK:
@@ -221,13 +227,17 @@ class BlockingTcpConnection:
         peek = sock.recv_into
         buf = self._peek
         clock = time.perf_counter
+        give_way = os.sched_yield
         end = clock() + ANSWER_SPIN_S
         while True:
             try:
                 peek(buf, 1, _PEEK)
             except BlockingIOError:
+                give_way()
                 if clock() < end:
                     continue
+                # out of time, or the yield let others run past the window: a busy CPU, where
+                # blocking lets the answer's wake-up preempt them sooner; a miss either way
                 self.spins_missed += 1
                 self._spin_credit -= SPIN_MISS_COST
                 return

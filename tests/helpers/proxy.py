@@ -1,16 +1,19 @@
 """A TCP proxy on 127.0.0.1 that a test can cut: the client behind it loses its connection the way
 a network failure takes it (the broker sees the socket close), while everything else keeps
-talking to the broker directly. Threads, plain sockets; close() reaps them all."""
+talking to the broker directly. It can also hold each answer back (`answer_delay`), a broker
+that answers late as a far one does. Threads, plain sockets; close() reaps them all."""
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 
 
 class CuttableProxy:
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, answer_delay: float = 0.0) -> None:
         self.upstream_port = upstream_port
+        self.answer_delay = answer_delay  # seconds each read from the broker waits before it goes on
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
@@ -37,15 +40,17 @@ class CuttableProxy:
                 upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=10)
                 upstream.settimeout(None)
                 self._sockets += [client, upstream]
-                for a, b in ((client, upstream), (upstream, client)):
-                    t = threading.Thread(target=self._pump, args=(a, b), daemon=True)
+                for a, b, delay in ((client, upstream, 0.0), (upstream, client, self.answer_delay)):
+                    t = threading.Thread(target=self._pump, args=(a, b, delay), daemon=True)
                     self._threads.append(t)
                     t.start()
 
     @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _pump(src: socket.socket, dst: socket.socket, delay: float) -> None:
         try:
             while data := src.recv(65536):
+                if delay:
+                    time.sleep(delay)
                 dst.sendall(data)
         except OSError:
             pass
