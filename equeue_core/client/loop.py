@@ -10,11 +10,21 @@ thread that computes between sends would hold every delivery back by 5 ms steps.
 loop lowers the switch interval to `EQUEUE_SWITCH_INTERVAL_MS` (0.5 ms by default; never raised,
 `0` leaves the interpreter's alone). It is a process-wide setting: it makes busy threads trade the
 GIL ten times as often, which costs CPU-bound multi-threaded code little.
+
+At interpreter exit (atexit) the loop's tasks are cancelled, as asyncio.run does at its end, then
+the loop is stopped and closed in its own thread, and the exit waits for that thread (each step at
+most EXIT_JOIN_S). A uvloop loop left running in a daemon thread can run a
+libuv callback while the interpreter is being torn down; uvloop then asks for a thread state that
+no longer exists and the process dies of SIGSEGV in PyThreadState_New, after all its work is done
+(seen once in a benchmark sender; the same crash is reported against other daemon-thread uvloop
+users). Clients still open at exit are dropped as before, without a flush: close them (or use
+`with`) to send what `send_async` still holds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import logging
 import os
@@ -25,6 +35,8 @@ from typing import Any
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
+_thread: threading.Thread | None = None
+EXIT_JOIN_S = 5.0  # how long the exit waits for the loop thread to stop (see the module docstring)
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -54,7 +66,7 @@ def lower_switch_interval() -> float:
 
 
 def background_loop() -> asyncio.AbstractEventLoop:
-    global _loop
+    global _loop, _thread
     with _lock:
         if _loop is None or _loop.is_closed():
             lower_switch_interval()
@@ -64,12 +76,45 @@ def background_loop() -> asyncio.AbstractEventLoop:
             def run() -> None:
                 asyncio.set_event_loop(loop)
                 loop.call_soon(ready.set)
-                loop.run_forever()
+                try:
+                    loop.run_forever()
+                finally:  # stopped at exit: close while the interpreter is whole
+                    loop.close()
 
-            threading.Thread(target=run, name="equeue-client-loop", daemon=True).start()
+            thread = threading.Thread(target=run, name="equeue-client-loop", daemon=True)
+            thread.start()
             ready.wait()
-            _loop = loop
+            _loop, _thread = loop, thread
         return _loop
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    """Stop the background loop and wait for its thread (see the module docstring)."""
+    with _lock:
+        loop, thread = _loop, _thread
+    if loop is None or thread is None or thread is threading.current_thread() or not thread.is_alive():
+        return  # no loop, or not running in this process (a fork's child has no loop thread)
+    try:
+        cancelled = asyncio.run_coroutine_threadsafe(_cancel_tasks(), loop)
+    except RuntimeError:  # already closed
+        return
+    try:
+        cancelled.result(EXIT_JOIN_S)
+    except (concurrent.futures.TimeoutError, asyncio.CancelledError):
+        pass  # a task that will not end: stop the loop under it
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(EXIT_JOIN_S)
+
+
+async def _cancel_tasks() -> None:
+    """Cancel every other task of the loop and wait for them, as asyncio.run does at its end, so
+    clients still open at exit end their tasks instead of being destroyed pending."""
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def run_sync(coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Any:
