@@ -13,12 +13,12 @@ GIL ten times as often, which costs CPU-bound multi-threaded code little.
 
 At interpreter exit (atexit) the loop's tasks are cancelled, as asyncio.run does at its end, then
 the loop is stopped and closed in its own thread, and the exit waits for that thread (each step at
-most EXIT_JOIN_S). A uvloop loop left running in a daemon thread can run a
-libuv callback while the interpreter is being torn down; uvloop then asks for a thread state that
-no longer exists and the process dies of SIGSEGV in PyThreadState_New, after all its work is done
-(seen once in a benchmark sender; the same crash is reported against other daemon-thread uvloop
-users). Clients still open at exit are dropped as before, without a flush: close them (or use
-`with`) to send what `send_async` still holds.
+most EXIT_JOIN_S). A uvloop loop left running in a daemon thread can run a libuv callback while
+the interpreter is being torn down; uvloop then asks for a thread state that no longer exists and
+the process dies of SIGSEGV in PyThreadState_New, after all its work is done (seen once in a
+benchmark sender; the same crash is reported against other daemon-thread uvloop users). Clients
+still open at exit are dropped as before, without a flush: close them (or use `with`) to send
+what `send_async` still holds.
 """
 
 from __future__ import annotations
