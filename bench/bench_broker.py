@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.answer_window import AnswerWindow  # noqa: E402
+from bench.child import role_result  # noqa: E402
 from tests.helpers.broker import BrokerProcess, free_port  # noqa: E402
 from tests.helpers.counting import CountingHandler  # noqa: E402
 
@@ -41,11 +42,8 @@ def emit(result: dict) -> None:
 
 def _child(args: list[str], timeout: float = 600) -> dict:
     """Run a client role of this module in its own process; it prints one JSON line."""
-    r = subprocess.run([sys.executable, "-m", "bench.bench_broker", "--role", *args], cwd=ROOT,
-                       capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0:
-        raise RuntimeError(r.stderr[-2000:])
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return role_result([sys.executable, "-m", "bench.bench_broker", "--role", *args], what=f"role {args[0]}",
+                       cwd=ROOT, timeout=timeout)
 
 
 # ---------------------------------------------------------------- client roles (child processes)

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.answer_window import AnswerWindow  # noqa: E402
+from bench.child import role_result  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
 from tests.helpers.counting import CountingHandler  # noqa: E402
 from tests.helpers.nameserver import NameServerProcess, cluster_args  # noqa: E402
@@ -40,11 +41,8 @@ def emit(result: dict) -> None:
 
 
 def _child(args: list[str], timeout: float = 900) -> dict:
-    r = subprocess.run([sys.executable, "-m", "bench.bench_cluster", "--role", *args], cwd=ROOT,
-                       capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0:
-        raise RuntimeError(r.stderr[-2000:])
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return role_result([sys.executable, "-m", "bench.bench_cluster", "--role", *args], what=f"role {args[0]}",
+                       cwd=ROOT, timeout=timeout)
 
 
 # ---------------------------------------------------------------- client roles (child processes)

@@ -50,6 +50,7 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # tests.helpers; appended so a --baseline tree's equeue_core wins
 
 from bench.answer_window import AnswerWindow  # noqa: E402  (after the path: a --baseline role imports it too)
+from bench.child import role_result  # noqa: E402
 
 
 def emit(result: dict) -> None:
@@ -296,11 +297,8 @@ def role_memory(address: str, broker_pid: int, connections: int, queues: int) ->
 def _child(code: Path, args: list[str], timeout: float = 900) -> dict:
     """Run a role of this module in its own process, importing equeue from `code`."""
     env = dict(os.environ, PYTHONPATH=str(code))
-    r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--role", *args], cwd=code,
-                       capture_output=True, text=True, timeout=timeout, env=env)
-    if r.returncode != 0:
-        raise RuntimeError(r.stderr[-3000:])
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return role_result([sys.executable, str(Path(__file__).resolve()), "--role", *args], what=f"role {args[0]}",
+                       cwd=code, timeout=timeout, env=env)
 
 
 def _e2e(code: Path, address: str, topic: str, rate: int, seconds: float, mode: str, pacing: str,

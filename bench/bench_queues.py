@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.answer_window import AnswerWindow  # noqa: E402
+from bench.child import role_result  # noqa: E402
 from bench.peers.common import summary  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
 from tests.helpers.counting import CountingHandler  # noqa: E402
@@ -86,11 +86,8 @@ def settled_rss_kb(pid: int, wait: float = 1.0) -> int:
 
 
 def _child(args: list[str], timeout: float = 600) -> dict:
-    r = subprocess.run([sys.executable, "-m", "bench.bench_queues", "--role", *args], cwd=ROOT,
-                       capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0:
-        raise RuntimeError(r.stderr[-2000:])
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return role_result([sys.executable, "-m", "bench.bench_queues", "--role", *args], what=f"role {args[0]}",
+                       cwd=ROOT, timeout=timeout)
 
 
 def role_produce(address: str, topics: list[str], count: int, size: int) -> dict:

@@ -19,7 +19,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.child import role_result  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
 
 ACCOUNT = ("bench", "bench-secret-0001")
@@ -90,11 +90,8 @@ def role_consume(address: str, topic: str, group: str, count: int, creds: dict) 
 
 def _child(args: list[str], broker: BrokerProcess) -> dict:
     cpu0 = _cpu_pid(broker.proc.pid)
-    r = subprocess.run([sys.executable, "-m", "bench.bench_security", "--role", *args], cwd=ROOT,
-                       capture_output=True, text=True, timeout=900)
-    if r.returncode != 0:
-        raise RuntimeError(r.stderr[-2000:])
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = role_result([sys.executable, "-m", "bench.bench_security", "--role", *args], what=f"role {args[0]}",
+                      cwd=ROOT, timeout=900)
     out["broker_cpu"] = _cpu_pid(broker.proc.pid) - cpu0  # includes the child's warm-up: small, same for both
     return out
 

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from bench.child import exit_reason, role_result
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 # A latency message carries its send time (time.time_ns, one clock for every process on the host)
@@ -58,7 +60,7 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float, log: Path | Non
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
-            raise RuntimeError(f"server exited with {proc.returncode} before listening on {port}: {tail}")
+            raise RuntimeError(f"server {exit_reason(proc.returncode)} before listening on {port}: {tail}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
@@ -118,11 +120,8 @@ def _group_gone(pgid: int, proc: subprocess.Popen, timeout: float) -> bool:
 
 def run_role(driver: str, role: str, args: dict, timeout: float = 600) -> dict:
     """Run `role` of bench/peers/<driver>.py in a fresh Python process; it prints one JSON line."""
-    r = subprocess.run([sys.executable, "-m", "bench.peers.role", driver, role, json.dumps(args)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0:
-        raise RuntimeError(f"{driver} {role}: {r.stderr.strip()[-1500:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return role_result([sys.executable, "-m", "bench.peers.role", driver, role, json.dumps(args)],
+                       what=f"{driver} {role}", cwd=ROOT, timeout=timeout)
 
 
 def run_latency(driver: str, args: dict, timeout: float = 300) -> dict:
@@ -138,7 +137,7 @@ def run_latency(driver: str, args: dict, timeout: float = 300) -> dict:
         sent = run_role(driver, "latency_sender", args, timeout)
         out, err = recv.communicate(timeout=args["seconds"] + 60)
         if recv.returncode != 0:
-            raise RuntimeError(f"{driver} latency receiver: {err.strip()[-1500:]}")
+            raise RuntimeError(f"{driver} latency receiver {exit_reason(recv.returncode)}: {err.strip()[-1500:]}")
         res = json.loads(out.strip().splitlines()[-1])
         # a sender that could not keep the pace says so: achieved_rate below the asked rate
         return {**res, "sent": sent["count"], "achieved_rate": round(sent["count"] / sent["seconds"], 1)}
