@@ -17,8 +17,8 @@ Guarantees:
   before every request of a busy sender (a server closes only connections idle far longer).
 - Push frames and responses to earlier, timed-out request ids are read and dropped.
 - Not thread-safe: the owner serializes requests (equeue_core.client.direct does).
-- `request_encoded(..., spin=True)` waits for the answer peeking without blocking first (up to
-  ANSWER_SPIN_S, plain tcp only), then as above: same answers and errors, sooner.
+- `request_encoded(..., spin=True)` waits for the answer checking without blocking first (up to
+  ANSWER_SPIN_S), then as above: same answers and errors, sooner.
 
 Pipelined use (contracts.PipelinedBlockingConnection; the LitePullConsumer's held pulls): `write`
 sends a request without waiting and returns its request id; `read` returns the next frame that
@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import select
 import socket
 import ssl
 import struct
 import time
+from collections.abc import Callable
 
 from equeue_plugins.transport_tcp.server import tune_socket
 
@@ -97,6 +99,7 @@ class BlockingTcpConnection:
         self._rview = memoryview(self._rbuf)
         self._used = 0.0  # time.monotonic() of the last response
         self._peek = bytearray(1)
+        self._poller: tuple[int, select.poll] | None = None  # (fd, its poll object): the TLS spin
         self._spin_credit = SPIN_CREDIT_MAX  # see ANSWER_SPIN_S
         self._spin_rest = 0  # requests since spinning stopped
         self._answered = 0.0  # time.perf_counter() when the last answer was read
@@ -151,7 +154,7 @@ class BlockingTcpConnection:
         """`request` of a frame whose header map the caller encoded (frame.encode_header) and may
         reuse: a producer's SEND header is the same for every send to a queue. Same guarantees;
         a small frame leaves as one buffer (one plain send). `spin`: the server usually answers
-        at once, so wait for the answer spinning first (ANSWER_SPIN_S; not over TLS)."""
+        at once, so wait for the answer spinning first (ANSWER_SPIN_S)."""
         request_id = next(self._ids)
         buffers = wire.encode_parts(code, request_id, 0, header, body, self.settings.max_frame_size,
                                     JOIN_BELOW)  # FrameTooLargeError: nothing sent
@@ -184,7 +187,7 @@ class BlockingTcpConnection:
                 sock.sendall(buffers[0])  # a small request (request_encoded joins it), as _write does
             else:
                 self._write(sock, buffers)
-            if spin and ANSWER_SPIN_S and self._tls is None:
+            if spin and ANSWER_SPIN_S:
                 self._spin(sock, began)
             while True:
                 response = self._read_frame(sock, deadline)
@@ -207,11 +210,12 @@ class BlockingTcpConnection:
             raise
 
     def _spin(self, sock: socket.socket, began: float) -> None:
-        """Peek at the socket, without blocking and yielding the vCPU between peeks, until the
+        """Check the socket, without blocking and yielding the vCPU between checks, until the
         answer's first bytes are there (or the connection's end: the read that follows reports
-        it) or ANSWER_SPIN_S ran out; then the read. Left out for a caller that is not sending
-        back to back (SPIN_STREAK; `began`: perf_counter() before the request's write) and while
-        the spin stops catching answers (SPIN_CREDIT_MAX)."""
+        it) or ANSWER_SPIN_S ran out; then the read. Plain tcp peeks (MSG_PEEK); TLS polls the
+        socket's fd, after a look at what the TLS layer already decrypted. Left out for a caller
+        that is not sending back to back (SPIN_STREAK; `began`: perf_counter() before the
+        request's write) and while the spin stops catching answers (SPIN_CREDIT_MAX)."""
         if began - self._answered >= SPIN_AFTER_S:
             self._streak = 0
             return
@@ -224,27 +228,46 @@ class BlockingTcpConnection:
                 return
             self._spin_rest = 0
             self._spin_credit = 1
-        peek = sock.recv_into
-        buf = self._peek
+        if isinstance(sock, ssl.SSLSocket):
+            arrived = self._tls_arrival(sock)
+        else:
+            peek = sock.recv_into
+            buf = self._peek
+
+            def arrived() -> bool:
+                try:
+                    peek(buf, 1, _PEEK)
+                except BlockingIOError:
+                    return False
+                return True
+
         clock = time.perf_counter
         give_way = os.sched_yield
         end = clock() + ANSWER_SPIN_S
-        while True:
-            try:
-                peek(buf, 1, _PEEK)
-            except BlockingIOError:
-                give_way()
-                if clock() < end:
-                    continue
+        while not arrived():
+            give_way()
+            if clock() >= end:
                 # out of time, or the yield let others run past the window: a busy CPU, where
                 # blocking lets the answer's wake-up preempt them sooner; a miss either way
                 self.spins_missed += 1
                 self._spin_credit -= SPIN_MISS_COST
                 return
-            self.spins_caught += 1
-            if self._spin_credit < SPIN_CREDIT_MAX:
-                self._spin_credit += 1
-            return
+        self.spins_caught += 1
+        if self._spin_credit < SPIN_CREDIT_MAX:
+            self._spin_credit += 1
+
+    def _tls_arrival(self, sock: ssl.SSLSocket) -> Callable[[], bool]:
+        """For the spin over TLS: a check that is True once bytes wait, decrypted in the TLS layer
+        (`pending`) or still encrypted in the kernel (a zero-timeout poll of the fd; a record that
+        is not all there yet, or not application data, makes the read that follows wait as it
+        would have)."""
+        fd = sock.fileno()
+        if self._poller is None or self._poller[0] != fd:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            self._poller = (fd, poller)
+        poll = self._poller[1].poll
+        return lambda: bool(sock.pending() or poll(0))
 
     def _set_timeout(self, sock: socket.socket, timeout: float) -> None:
         """A plain socket stays in blocking mode with kernel timeouts (SO_RCVTIMEO/SO_SNDTIMEO), so
