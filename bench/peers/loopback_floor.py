@@ -65,28 +65,21 @@ def server(tmp: Path, flush: str = "async") -> Iterator[dict]:
 def single(info: dict, system: str, name: str, size: int, count: int, budget: float = 1e9) -> dict:
     import time
 
-    from equeue_plugins.transport_tcp.blocking import ANSWER_SPIN_S
+    from equeue_plugins.transport_tcp.blocking import ANSWER_SPIN_S, peeked, spin_until
 
     body = os.urandom(size + REQUEST_OVERHEAD - LENGTH.size)
     request = LENGTH.pack(len(body)) + body
     answer = bytearray(len(ANSWER))
     view = memoryview(answer)
     spin = ANSWER_SPIN_S if info.get("flush", "async") == "async" else 0.0
-    peek = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)
     with socket.create_connection(("127.0.0.1", info["port"])) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        arrived = peeked(sock, bytearray(1))
 
         def one() -> None:
             sock.sendall(request)
-            end = time.perf_counter() + spin
-            while spin:
-                try:
-                    sock.recv_into(view, 1, peek)
-                    break
-                except BlockingIOError:
-                    if time.perf_counter() >= end:
-                        break
-                    os.sched_yield()
+            if spin:
+                spin_until(arrived, spin)  # the same wait as Producer.send's
             got = 0
             while got < len(answer):
                 n = sock.recv_into(view[got:])

@@ -93,7 +93,7 @@ def _stop_at_exit() -> None:
     """Stop the background loop and wait for its thread (see the module docstring)."""
     with _lock:
         loop, thread = _loop, _thread
-    if loop is None or thread is None or thread is threading.current_thread() or not thread.is_alive():
+    if loop is None or thread is None or not thread.is_alive():
         return  # no loop, or not running in this process (a fork's child has no loop thread)
     try:
         cancelled = asyncio.run_coroutine_threadsafe(_cancel_tasks(), loop)

@@ -900,14 +900,16 @@ class AsyncProducer:
         # before they take the lock), and a batch added to a dict nobody sends would be lost. A
         # key another thread put on the lane since the wait above stays: its batches leave after
         # the lane's frames (_lane_done), so they cannot overtake them.
+        on_lane = lane.keys if lane is not None else {}
+
+        def take(batches: dict) -> dict:
+            taken = {k: b for k, b in batches.items() if k not in on_lane}
+            for k in taken:
+                del batches[k]
+            return taken
+
         with self._lock:
-            on_lane = lane.keys if lane is not None else {}
-            open_batches = {k: b for k, b in self._open.items() if k not in on_lane}
-            sealed = {k: b for k, b in self._sealed.items() if k not in on_lane}
-            for k in open_batches:
-                del self._open[k]
-            for k in sealed:
-                del self._sealed[k]
+            open_batches, sealed = take(self._open), take(self._sealed)
         for key, batches in sealed.items():  # before the open batch of their key
             for batch in batches:
                 self._dispatch(key, batch)

@@ -81,6 +81,35 @@ SPIN_MISS_COST = 4
 SPIN_RETRY_AFTER = 64
 
 
+def peeked(sock: socket.socket, buf: bytearray) -> Callable[[], bool]:
+    """A check for `spin_until` on a plain socket: True once bytes (or the connection's end) are
+    there to read, found with a non-blocking MSG_PEEK into `buf` (one byte, left unread)."""
+    peek = sock.recv_into
+
+    def arrived() -> bool:
+        try:
+            peek(buf, 1, _PEEK)
+        except BlockingIOError:
+            return False
+        return True
+
+    return arrived
+
+
+def spin_until(arrived: Callable[[], bool], seconds: float) -> bool:
+    """Call `arrived` until it is True (return True) or `seconds` ran out (False), yielding the
+    vCPU (sched_yield) between calls. A yield that let others run past the window counts as out
+    of time: a busy CPU, where blocking lets the answer's wake-up preempt them sooner."""
+    clock = time.perf_counter
+    give_way = os.sched_yield
+    end = clock() + seconds
+    while not arrived():
+        give_way()
+        if clock() >= end:
+            return False
+    return True
+
+
 class BlockingTcpConnection:
     """Requests over a blocking socket (see the module docstring)."""
 
@@ -99,7 +128,7 @@ class BlockingTcpConnection:
         self._rview = memoryview(self._rbuf)
         self._used = 0.0  # time.monotonic() of the last response
         self._peek = bytearray(1)
-        self._poller: tuple[int, select.poll] | None = None  # (fd, its poll object): the TLS spin
+        self._poller: select.poll | None = None  # a TLS socket's fd, for the spin (made at connect)
         self._spin_credit = SPIN_CREDIT_MAX  # see ANSWER_SPIN_S
         self._spin_rest = 0  # requests since spinning stopped
         self._answered = 0.0  # time.perf_counter() when the last answer was read
@@ -125,6 +154,9 @@ class BlockingTcpConnection:
         except (OSError, ssl.SSLError) as e:
             sock.close()
             raise TransportError(f"cannot connect to {self.address}: {e}") from None
+        if self._tls is not None:  # an SSLSocket cannot peek: the spin polls its fd
+            self._poller = select.poll()
+            self._poller.register(sock.fileno(), select.POLLIN)
         self._sock = sock
         self._timeout: float | None = None
         self._buf.clear()
@@ -228,46 +260,22 @@ class BlockingTcpConnection:
                 return
             self._spin_rest = 0
             self._spin_credit = 1
-        if isinstance(sock, ssl.SSLSocket):
-            arrived = self._tls_arrival(sock)
-        else:
-            peek = sock.recv_into
-            buf = self._peek
+        if self._poller is not None:  # TLS (see connect)
+            poll = self._poller.poll
 
             def arrived() -> bool:
-                try:
-                    peek(buf, 1, _PEEK)
-                except BlockingIOError:
-                    return False
-                return True
-
-        clock = time.perf_counter
-        give_way = os.sched_yield
-        end = clock() + ANSWER_SPIN_S
-        while not arrived():
-            give_way()
-            if clock() >= end:
-                # out of time, or the yield let others run past the window: a busy CPU, where
-                # blocking lets the answer's wake-up preempt them sooner; a miss either way
-                self.spins_missed += 1
-                self._spin_credit -= SPIN_MISS_COST
-                return
-        self.spins_caught += 1
-        if self._spin_credit < SPIN_CREDIT_MAX:
-            self._spin_credit += 1
-
-    def _tls_arrival(self, sock: ssl.SSLSocket) -> Callable[[], bool]:
-        """For the spin over TLS: a check that is True once bytes wait, decrypted in the TLS layer
-        (`pending`) or still encrypted in the kernel (a zero-timeout poll of the fd; a record that
-        is not all there yet, or not application data, makes the read that follows wait as it
-        would have)."""
-        fd = sock.fileno()
-        if self._poller is None or self._poller[0] != fd:
-            poller = select.poll()
-            poller.register(fd, select.POLLIN)
-            self._poller = (fd, poller)
-        poll = self._poller[1].poll
-        return lambda: bool(sock.pending() or poll(0))
+                # bytes the TLS layer decrypted already, or still encrypted in the kernel (a record
+                # not all there yet, or not application data, makes the read that follows wait)
+                return bool(sock.pending() or poll(0))
+        else:
+            arrived = peeked(sock, self._peek)
+        if spin_until(arrived, ANSWER_SPIN_S):
+            self.spins_caught += 1
+            if self._spin_credit < SPIN_CREDIT_MAX:
+                self._spin_credit += 1
+        else:
+            self.spins_missed += 1
+            self._spin_credit -= SPIN_MISS_COST
 
     def _set_timeout(self, sock: socket.socket, timeout: float) -> None:
         """A plain socket stays in blocking mode with kernel timeouts (SO_RCVTIMEO/SO_SNDTIMEO), so
