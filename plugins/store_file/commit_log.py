@@ -8,6 +8,12 @@ docs/format.md has the byte grammar.
 
 Threads: reserve()/write()/publish() run on the writer thread only; read() on any thread; sync() on
 the flusher thread. A lock guards only the rare structural changes (roll, delete, map bookkeeping).
+
+The chunk being written is longer than its records: the writer sets its length up to LENGTH_AHEAD
+bytes past them (the bytes between are zero), so an append changes no file length and the
+fdatasync that makes it durable has no inode to write. A roll cuts the sealed chunk to its last
+record and marker, a clean close cuts the chunk being written, and recovery cuts the zero tail a
+crash leaves (not counted as torn data). So a chunk at rest is exactly as long as its records.
 """
 
 from __future__ import annotations
@@ -20,7 +26,14 @@ import time
 from equeue_core.errors import InvalidMessageError, StoreError
 
 from .chunk import MappedChunk, pread_exact
-from .constants import END_OF_CHUNK, END_OF_CHUNK_SIZE, MAP_IDLE_SECONDS, file_name, parse_file_name
+from .constants import (
+    END_OF_CHUNK,
+    END_OF_CHUNK_SIZE,
+    LENGTH_AHEAD,
+    MAP_IDLE_SECONDS,
+    file_name,
+    parse_file_name,
+)
 from .ring import Ring
 
 log = logging.getLogger(__name__)
@@ -48,6 +61,7 @@ class CommitLog:
         self._maps: dict[int, MappedChunk] = {}
         self._lock = threading.Lock()
         self._fd = -1
+        self._length = 0                  # the length of the chunk file being written (>= its records)
         self._sealed: list[int] = []      # write fds of rolled chunks, closed after their last fsync
         self._sync_dir = False
         self.write_pos = 0                # where the next record goes
@@ -64,6 +78,7 @@ class CommitLog:
         start = end - end % cs
         self._fd = os.open(self.path(start), os.O_WRONLY | os.O_CREAT, 0o644)
         os.lseek(self._fd, end - start, os.SEEK_SET)
+        self._length = os.fstat(self._fd).st_size
         if start not in self.chunks:
             self.chunks.append(start)
             self.chunks.sort()
@@ -81,21 +96,32 @@ class CommitLog:
         return pos
 
     def _roll(self) -> int:
-        """Seal the current chunk with the end-of-chunk marker and open the next one."""
+        """Seal the current chunk with the end-of-chunk marker, cut right after it (before a
+        reader can see the next chunk: replica_log takes a sealed chunk's length as its end), and
+        open the next one."""
         self._write(END_OF_CHUNK)
         cs = self.chunk_size
+        self._set_length(self.write_pos % cs + END_OF_CHUNK_SIZE)
         start = self.write_pos - self.write_pos % cs + cs
         fd = os.open(self.path(start), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         with self._lock:
             self._sealed.append(self._fd)
             self._fd = fd
+            self._length = 0
             self.chunks.append(start)
             self._sync_dir = True
         self.write_pos = start
         return start
 
+    def _set_length(self, length: int) -> None:
+        os.ftruncate(self._fd, length)
+        self._length = length
+
     def _write(self, data: bytes | bytearray | memoryview) -> None:
         try:
+            end = self.write_pos % self.chunk_size + len(data)
+            if end > self._length:  # zero bytes ahead of the records (module docstring)
+                self._set_length(min(self.chunk_size, -(-(end + LENGTH_AHEAD) // 4096) * 4096))
             n = os.write(self._fd, data)  # the usual case: the kernel takes it all in one write
             if n == len(data):
                 return
@@ -105,7 +131,7 @@ class CommitLog:
         except OSError as e:  # disk full: cut the partial record off so the log stays a clean prefix
             cut = self.write_pos % self.chunk_size
             try:
-                os.ftruncate(self._fd, cut)
+                self._set_length(cut)
                 os.lseek(self._fd, cut, os.SEEK_SET)
             except OSError:
                 log.exception("could not cut a partial write off the commit log")
@@ -123,7 +149,7 @@ class CommitLog:
         """Take back the last write (it started at `position`, nothing was published after it):
         cut the file there; the next reserve() hands out `position` again. Writer thread only."""
         cs = self.chunk_size
-        os.ftruncate(self._fd, position % cs)
+        self._set_length(position % cs)
         os.lseek(self._fd, position % cs, os.SEEK_SET)
         self.write_pos = position
 
@@ -294,6 +320,14 @@ class CommitLog:
         return released
 
     def close(self) -> None:
+        """Close the files, the chunk being written cut to its records first (and fsynced, so a
+        clean close leaves no zero tail for the next open to find)."""
+        if self._fd >= 0 and self._length > self.write_pos % self.chunk_size:
+            try:
+                self._set_length(self.write_pos % self.chunk_size)
+                os.fsync(self._fd)
+            except OSError as e:  # the next open's recovery cuts the zero tail instead
+                log.warning("could not cut the commit log's zero tail at close: %s", e)
         with self._lock:
             fds = self._sealed + ([self._fd] if self._fd >= 0 else [])
             self._sealed, self._fd = [], -1

@@ -120,20 +120,29 @@ def scan_log(log_dir: str, chunks: list[int], chunk_size: int, start: int,
             if isinstance(data, mmap.mmap):
                 data.close()
         if next_chunk and cstart + chunk_size in chunks:
+            sealed_end = off + END_OF_CHUNK_SIZE
+            if size > sealed_end:  # the roll's cut of this chunk never reached the disk
+                bad = _nonzero_end(path, sealed_end, size) - sealed_end
+                if bad:
+                    result.truncated_bytes += bad
+                    result.notes.append(f"chunk {file_name(cstart)}: cut {bad} bytes after its end marker")
+                os.truncate(path, sealed_end)
             pos = cstart + chunk_size
             continue
         # the valid log ends here: cut this chunk's tail and drop every later chunk
         result.end = cstart + off
         if size > off:
-            bad = size - off
+            # zero bytes at the end are the length the writer set ahead of its records
+            # (commit_log.py), where nothing was written: cut, but not counted as torn data
+            bad = _nonzero_end(path, off, size) - off
             tail_is_marker = next_chunk and bad == END_OF_CHUNK_SIZE
-            if not tail_is_marker:
+            if bad and not tail_is_marker:
                 result.truncated_bytes += bad
                 result.notes.append(f"chunk {file_name(cstart)}: cut {bad} bytes at offset {off}")
             os.truncate(path, off)
         for later in [c for c in chunks if c > cstart]:
             lpath = os.path.join(log_dir, file_name(later))
-            lsize = os.path.getsize(lpath)
+            lsize = _nonzero_end(lpath, 0, os.path.getsize(lpath))
             result.truncated_bytes += lsize
             result.notes.append(f"chunk {file_name(later)}: deleted ({lsize} bytes after the valid end)")
             os.unlink(lpath)
@@ -141,6 +150,20 @@ def scan_log(log_dir: str, chunks: list[int], chunk_size: int, start: int,
         return result
     result.end = pos
     return result
+
+
+def _nonzero_end(path: str, start: int, end: int, step: int = 1 << 20) -> int:
+    """The end of the last non-zero byte of the file in [start, end); start if all are zero.
+    Reads backwards a step at a time (a zero tail is up to LENGTH_AHEAD long)."""
+    with open(path, "rb") as f:
+        while end > start:
+            lo = max(start, end - step)
+            f.seek(lo)
+            part = f.read(end - lo).rstrip(b"\0")
+            if part:
+                return lo + len(part)
+            end = lo
+    return start
 
 
 def collect_queue_records(log_dir: str, chunks: list[int], chunk_size: int, end: int,

@@ -71,7 +71,13 @@ def crash(store: FileMessageStore) -> None:
     store._checkpointer.join()
     store._flusher._flush_fn = lambda: 0
     store._flusher.stop()
-    store.log.close()
+    log = store.log  # close its fds without close()'s cut of the zero tail ahead of the records
+    for fd in log._sealed + ([log._fd] if log._fd >= 0 else []):
+        os.close(fd)
+    log._sealed, log._fd = [], -1
+    for m in log._maps.values():
+        m.unmap()
+    log._maps.clear()
     idx = store.index
     for q in idx._queues.values():  # close fds without the clean-close bookkeeping
         fds = q.sealed + ([q.fd] if q.fd >= 0 else []) + list(q.read_fds.values())
@@ -97,6 +103,13 @@ def flip_byte(file: Path, offset: int) -> None:
         b = f.read(1)
         f.seek(offset)
         f.write(bytes([b[0] ^ 0xFF]))
+
+
+def records_only(chunk: Path, end: int) -> None:
+    """Cut a chunk file at `end` (a position) after crash(): exactly its records, as a writer
+    without the length set ahead of them left its files (or a crash before that length reached
+    the disk), so a test can damage the records' end itself."""
+    os.truncate(chunk, end - int(chunk.name))
 
 
 def shrink_file(file: Path, by: int) -> None:

@@ -27,6 +27,7 @@ from .helpers import (
     index_file,
     open_store,
     read_all,
+    records_only,
     shrink_file,
 )
 
@@ -49,6 +50,7 @@ def test_truncated_tail_record_is_dropped(tmp_path) -> None:
     r2 = append(store, 3)
     crash(store)
     last = chunk_paths(tmp_path)[-1]
+    records_only(last, r2.end_position)
     shrink_file(last, 7)  # the last record lost its last 7 bytes
     store, report = open_store(tmp_path)
     assert not report.clean
@@ -69,6 +71,7 @@ def test_crc_mismatch_truncates_there(tmp_path) -> None:
     r = append(store, 10)
     crash(store)
     chunk = chunk_paths(tmp_path)[0]
+    records_only(chunk, r.end_position)
     size_before = chunk.stat().st_size
     flip_byte(chunk, r.positions[4] + record.HEADER_SIZE + 1)  # inside record 4's topic/body
     store, report = open_store(tmp_path)
@@ -85,22 +88,39 @@ def test_bad_length_at_end_is_ignored(tmp_path) -> None:
     crash(store)
     chunk = chunk_paths(tmp_path)[0]
     garbage = (10**6).to_bytes(4, "little") + b"\xe7\x01" + b"\0" * 10  # a size pointing past the end
+    records_only(chunk, r.end_position)
     append_bytes(chunk, garbage)
     store, report = open_store(tmp_path)
-    assert report.truncated_bytes == len(garbage)
+    assert report.truncated_bytes == len(garbage.rstrip(b"\0"))  # zero bytes at the end are not counted
     assert chunk.stat().st_size == r.end_position
     assert store.queue_range("t", 0) == (0, 3)
     store.close()
 
 
-def test_zeroed_tail_is_truncated(tmp_path) -> None:
+def test_zeroed_tail_is_cut_and_not_counted_as_torn(tmp_path) -> None:
     store, _ = open_store(tmp_path)
     r = append(store, 3)
     crash(store)
     chunk = chunk_paths(tmp_path)[0]
-    append_bytes(chunk, b"\0" * 4096)  # a file extended by the fs but never written
+    # the writer's length ahead of its records, or a file extended by the fs but never written
+    assert chunk.stat().st_size > r.end_position  # crash() left the length ahead of the records
+    append_bytes(chunk, b"\0" * 4096)
     store, report = open_store(tmp_path)
-    assert report.truncated_bytes == 4096 and chunk.stat().st_size == r.end_position
+    assert chunk.stat().st_size == r.end_position
+    assert report.truncated_bytes == 0 and report.notes == [] and report.records == 3
+    store.close()
+
+
+def test_torn_bytes_before_a_zero_tail_are_counted_without_the_zeros(tmp_path) -> None:
+    store, _ = open_store(tmp_path)
+    r = append(store, 3)
+    crash(store)
+    chunk = chunk_paths(tmp_path)[0]
+    records_only(chunk, r.end_position)
+    append_bytes(chunk, b"\x07" * 10 + b"\0" * 8192)  # a torn write, then the length set ahead
+    store, report = open_store(tmp_path)
+    assert chunk.stat().st_size == r.end_position
+    assert report.truncated_bytes == 10 and any("cut 10 bytes" in n for n in report.notes)
     store.close()
 
 
@@ -155,7 +175,8 @@ def test_torn_chunk_drops_every_later_chunk(tmp_path) -> None:
     size_before = first.stat().st_size
     shrink_file(first, len(END_OF_CHUNK) + 1)
     in_first = [p for r in results for p in r.positions if p < SMALL_CHUNK]
-    later = sum(p.stat().st_size for p in paths[1:])
+    # the newest chunk's zero tail ahead of its records is not counted as data
+    later = sum(p.stat().st_size for p in paths[1:-1]) + results[-1].end_position - int(paths[-1].name)
     store, report = open_store(tmp_path)
     assert chunk_paths(tmp_path) == [first]
     assert store.queue_range("t", 0) == (0, len(in_first) - 1)
