@@ -4,7 +4,8 @@ so a single-send figure can be read against what the machine allows.
 Not a peer but a bound. The server is a bare uvloop BufferedProtocol in its own process: it cuts
 length-prefixed requests out of what it reads and answers each at once with a fixed answer; in
 the flush=sync variant it first appends the request to a file and fdatasyncs it (the least a
-durable answer costs). The client is what `Producer.send` does over a blocking connection when
+durable answer costs: the file's length is set ahead of the writes, as the file store's commit
+log sets it, so the fdatasync writes the data and no inode). The client is what `Producer.send` does over a blocking connection when
 it sends back to back: one `sendall` of the request, non-blocking peeks for the answer (yielding
 the vCPU between them) for up to the tcp plugin's ANSWER_SPIN_S (not with flush=sync, whose
 answers come after an fsync: our client stops spinning there), then `recv_into` until the whole
@@ -27,6 +28,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from equeue_plugins.store_file.constants import LENGTH_AHEAD
 
 from bench.peers.common import ROOT, ServerProcess, chunks, free_port, missing_module, rate_row
 
@@ -106,7 +109,8 @@ def serve(port: int, flush: str, path: str) -> None:
 
     import uvloop
 
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if flush == "sync" else -1
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if flush == "sync" else -1
+    file = {"end": 0, "length": 0}
 
     class Floor(asyncio.BufferedProtocol):
         def connection_made(self, transport) -> None:  # type: ignore[override]
@@ -131,7 +135,12 @@ def serve(port: int, flush: str, path: str) -> None:
                 if self.end - start < n:
                     break
                 if fd >= 0:
+                    end = file["end"] + n
+                    if end > file["length"]:  # the length ahead of the writes (commit_log.py)
+                        file["length"] = end + LENGTH_AHEAD
+                        os.ftruncate(fd, file["length"])
                     os.write(fd, memoryview(self.buf)[start:start + n])
+                    file["end"] = end
                     os.fdatasync(fd)
                 self.transport.write(ANSWER)
                 start += n
