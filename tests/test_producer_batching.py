@@ -181,3 +181,43 @@ def test_round_robin_over_many_topics_fills_frames_instead_of_a_frame_per_topic_
         for q in {r.queue_id for r in mine}:  # per queue, in the order sent
             offsets = [r.queue_offset for r in mine if r.queue_id == q]
             assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+
+
+def test_a_caller_waiting_on_a_gathering_batch_sends_every_gathering_batch_at_once(tmp_path):
+    """The frame limit makes batches gather while frames are out; a caller that waits on one of
+    them sends nothing more meanwhile, so its wait sends every gathering batch at once (past the
+    limit) instead of leaving them to go one answer at a time (behind a broker that answers in
+    5 ms, 2000 send_async over 100 topics took 173 ms to be answered, 50 ms now)."""
+    import os
+    import signal
+    import threading
+
+    from tests.helpers.broker import BrokerProcess
+    from tests.helpers.waiting import wait_until
+
+    topics = [f"w{i}" for i in range(10)]
+    b = BrokerProcess(tmp_path / "data").start()
+    try:
+        with Producer(b.address, max_batches_in_flight=2) as p:
+            for t in topics:
+                p.send(Message(t, b"warm-up"))
+            os.kill(b.proc.pid, signal.SIGSTOP)
+            results: list = []
+            try:
+                futures = [p.send_async(Message(t, b"%d" % i)) for i in range(100) for t in topics]
+                assert wait_until(lambda: len(p._async._deferred) >= 8, timeout=10), (
+                    p._async._deferred, p._async._frames, p._async._lane and p._async._lane.out)
+                assert p._async._frames == 2  # the limit holds while nobody waits
+                waiter = threading.Thread(target=lambda: results.append(futures[-1].result(30)))
+                waiter.start()
+                # the broker is still frozen: the wait alone sent every gathering batch (the
+                # other eight topics', and the next ones of the two topics with a frame out)
+                assert wait_until(lambda: p._async._frames >= 10 and not p._async._open, timeout=10), (
+                    p._async._frames, len(p._async._open))
+            finally:
+                os.kill(b.proc.pid, signal.SIGCONT)
+            waiter.join(40)
+            assert not waiter.is_alive()
+            assert [f.result(30).topic for f in futures] == topics * 100 and results[0].topic == topics[-1]
+    finally:
+        b.stop()
