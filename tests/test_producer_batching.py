@@ -3,9 +3,17 @@ how long a batch waits for an earlier batch of its queue to be answered."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 
 from equeue_core.client import Message, Producer
+from tests.helpers.broker import BrokerProcess
+from tests.helpers.waiting import wait_until
 
 
 def test_a_lone_send_async_does_not_wait_out_the_linger(file_broker):
@@ -45,12 +53,7 @@ def test_a_batch_waiting_behind_an_unanswered_one_still_leaves_after_the_linger(
     also now that opening it does not wake the loop thread (the loop checks every linger while a
     batch of the queue is in flight): with the broker frozen, the second batch is written after
     ~linger, not held until the first answer; both are stored once the broker runs again."""
-    import os
-    import signal
     import time
-
-    from tests.helpers.broker import BrokerProcess
-    from tests.helpers.waiting import wait_until
 
     b = BrokerProcess(tmp_path / "data").start()
     try:
@@ -76,11 +79,7 @@ def test_send_async_blocks_at_max_in_flight_and_says_the_broker_is_busy_when_no_
     """Bounded memory: with the broker frozen, at most max_in_flight messages wait for answers; the
     next send_async waits up to send_timeout for room, then raises BrokerBusyError. Once the
     broker runs again every accepted message is acknowledged."""
-    import os
-    import signal
-
     from equeue_core.errors import BrokerBusyError
-    from tests.helpers.broker import BrokerProcess
 
     b = BrokerProcess(tmp_path / "data").start()
     try:
@@ -109,8 +108,6 @@ def test_send_async_blocks_at_max_in_flight_and_says_the_broker_is_busy_when_no_
 def test_callers_waiting_for_room_are_woken_by_each_answer_not_by_the_timeout(file_broker):
     """max_in_flight far below the burst, from two threads: every send_async gets room as answers
     free it (a missed wake-up would leave a caller waiting out send_timeout, then BrokerBusyError)."""
-    import threading
-
     errors: list[BaseException] = []
     results: list[list] = [[], []]
     with Producer(file_broker.address, max_in_flight=30, send_timeout=20.0) as p:
@@ -143,37 +140,45 @@ def _sends_served(address: str) -> int:
         return sum(admin.stats()["latency"]["send"]["counts"])
 
 
+@contextmanager
+def _warm_producer(tmp_path, topics: list[str], **options) -> Iterator[tuple[BrokerProcess, Producer]]:
+    """A broker process, and a Producer on it that sent to every topic once (routes known)."""
+    b = BrokerProcess(tmp_path / "data").start()
+    try:
+        with Producer(b.address, **options) as p:
+            for t in topics:
+                p.send(Message(t, b"warm-up"))
+            yield b, p
+    finally:
+        b.stop()
+
+
+@contextmanager
+def _frozen(b: BrokerProcess) -> Iterator[None]:
+    """The broker process stopped (SIGSTOP) for the block: it reads and answers nothing."""
+    os.kill(b.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(b.proc.pid, signal.SIGCONT)
+
+
 def test_round_robin_over_many_topics_fills_frames_instead_of_a_frame_per_topic_per_round_trip(tmp_path):
     """send_async over 20 topics while the broker cannot answer: at most max_batches_in_flight
     frames go out; the other topics' messages gather in their open batches and leave, one frame
     per topic, as answers free room. Without that limit every topic had a frame in flight and
     each linger check sent another small one per topic (the 100-topic produce ran at a quarter
     of the one-topic rate). Every message is stored, in order per topic."""
-    import os
-    import signal
-
-    from tests.helpers.broker import BrokerProcess
-    from tests.helpers.waiting import wait_until
-
     topics = [f"rr{i}" for i in range(20)]
-    b = BrokerProcess(tmp_path / "data").start()
-    try:
-        with Producer(b.address, max_batches_in_flight=4) as p:
-            for t in topics:
-                p.send(Message(t, b"warm-up"))
-            before = _sends_served(b.address)
-            os.kill(b.proc.pid, signal.SIGSTOP)
-            try:
-                futures = [p.send_async(Message(topics[i % 20], f"{i}".encode())) for i in range(2000)]
-                # the linger checks of the frozen frames' topics come and go meanwhile
-                assert wait_until(lambda: len(p._async._deferred) >= 16, timeout=10)
-                assert p._async._frames == 4
-            finally:
-                os.kill(b.proc.pid, signal.SIGCONT)
-            results = [f.result(30) for f in futures]
+    with _warm_producer(tmp_path, topics, max_batches_in_flight=4) as (b, p):
+        before = _sends_served(b.address)
+        with _frozen(b):
+            futures = [p.send_async(Message(topics[i % 20], f"{i}".encode())) for i in range(2000)]
+            # the linger checks of the frozen frames' topics come and go meanwhile
+            assert wait_until(lambda: len(p._async._deferred) >= 16, timeout=10)
+            assert p._async._frames == 4
+        results = [f.result(30) for f in futures]
         served = _sends_served(b.address) - before
-    finally:
-        b.stop()
     assert served <= 4 + 20 + 4, served  # the frozen 4, one per topic, the frozen topics' next
     for t in topics:
         mine = [r for r in results if r.topic == t]
@@ -188,36 +193,20 @@ def test_a_caller_waiting_on_a_gathering_batch_sends_every_gathering_batch_at_on
     them sends nothing more meanwhile, so its wait sends every gathering batch at once (past the
     limit) instead of leaving them to go one answer at a time (behind a broker that answers in
     5 ms, 2000 send_async over 100 topics took 173 ms to be answered, 50 ms now)."""
-    import os
-    import signal
-    import threading
-
-    from tests.helpers.broker import BrokerProcess
-    from tests.helpers.waiting import wait_until
-
     topics = [f"w{i}" for i in range(10)]
-    b = BrokerProcess(tmp_path / "data").start()
-    try:
-        with Producer(b.address, max_batches_in_flight=2) as p:
-            for t in topics:
-                p.send(Message(t, b"warm-up"))
-            os.kill(b.proc.pid, signal.SIGSTOP)
-            results: list = []
-            try:
-                futures = [p.send_async(Message(t, b"%d" % i)) for i in range(100) for t in topics]
-                assert wait_until(lambda: len(p._async._deferred) >= 8, timeout=10), (
-                    p._async._deferred, p._async._frames, p._async._lane and p._async._lane.out)
-                assert p._async._frames == 2  # the limit holds while nobody waits
-                waiter = threading.Thread(target=lambda: results.append(futures[-1].result(30)))
-                waiter.start()
-                # the broker is still frozen: the wait alone sent every gathering batch (the
-                # other eight topics', and the next ones of the two topics with a frame out)
-                assert wait_until(lambda: p._async._frames >= 10 and not p._async._open, timeout=10), (
-                    p._async._frames, len(p._async._open))
-            finally:
-                os.kill(b.proc.pid, signal.SIGCONT)
-            waiter.join(40)
-            assert not waiter.is_alive()
-            assert [f.result(30).topic for f in futures] == topics * 100 and results[0].topic == topics[-1]
-    finally:
-        b.stop()
+    with _warm_producer(tmp_path, topics, max_batches_in_flight=2) as (b, p):
+        results: list = []
+        with _frozen(b):
+            futures = [p.send_async(Message(t, b"%d" % i)) for i in range(100) for t in topics]
+            assert wait_until(lambda: len(p._async._deferred) >= 8, timeout=10), (
+                p._async._deferred, p._async._frames, p._async._lane and p._async._lane.out)
+            assert p._async._frames == 2  # the limit holds while nobody waits
+            waiter = threading.Thread(target=lambda: results.append(futures[-1].result(30)))
+            waiter.start()
+            # the broker is still frozen: the wait alone sent every gathering batch (the other
+            # eight topics', and the next ones of the two topics with a frame out)
+            assert wait_until(lambda: p._async._frames >= 10 and not p._async._open, timeout=10), (
+                p._async._frames, len(p._async._open))
+        waiter.join(40)
+        assert not waiter.is_alive()
+        assert [f.result(30).topic for f in futures] == topics * 100 and results[0].topic == topics[-1]

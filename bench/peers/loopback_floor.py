@@ -5,8 +5,8 @@ Not a peer but a bound. The server is a bare uvloop BufferedProtocol in its own 
 length-prefixed requests out of what it reads and answers each at once with a fixed answer; in
 the flush=sync variant it first appends the request to a file and fdatasyncs it (the least a
 durable answer costs: the file's length is set ahead of the writes, as the file store's commit
-log sets it, so the fdatasync writes the data and no inode). The client is what `Producer.send` does over a blocking connection when
-it sends back to back: one `sendall` of the request, non-blocking peeks for the answer (yielding
+log sets it, so the fdatasync writes the data and no inode). The client is what `Producer.send`
+does over a blocking connection when it sends back to back: one `sendall` of the request, non-blocking peeks for the answer (yielding
 the vCPU between them) for up to the tcp plugin's ANSWER_SPIN_S (not with flush=sync, whose
 answers come after an fsync: our client stops spinning there), then `recv_into` until the whole
 answer is there. Requests and answers have the sizes of EQueue's SEND frame for a 100 B message

@@ -915,8 +915,8 @@ class AsyncProducer:
         lane = self._lane
         # Taken out in place, never replaced: callers on other threads hold these dicts (read
         # before they take the lock), and a batch added to a dict nobody sends would be lost. A
-        # key another thread put on the lane since the wait above stays: its batches leave after
-        # the lane's frames (_lane_done), so they cannot overtake them.
+        # key with frames on the lane (put there by another thread, even after flush() waited for
+        # the lane) stays: its batches leave after those frames (_lane_done), never before them.
         on_lane = lane.keys if lane is not None else {}
 
         def take(batches: dict) -> dict:

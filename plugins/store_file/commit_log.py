@@ -121,7 +121,8 @@ class CommitLog:
         try:
             end = self.write_pos % self.chunk_size + len(data)
             if end > self._length:  # zero bytes ahead of the records (module docstring)
-                self._set_length(min(self.chunk_size, -(-(end + LENGTH_AHEAD) // 4096) * 4096))
+                ahead = (end + LENGTH_AHEAD + 4095) // 4096 * 4096  # rounded up to a page
+                self._set_length(min(self.chunk_size, ahead))
             n = os.write(self._fd, data)  # the usual case: the kernel takes it all in one write
             if n == len(data):
                 return

@@ -36,7 +36,7 @@ END_OF_CHUNK_SIZE = len(END_OF_CHUNK)  # 8
 # The chunk being written is kept up to this many bytes longer than its records (zero bytes,
 # sparse): an append then changes no file length, so the fdatasync that makes it durable writes
 # the data and not the inode as well (on this project's ext4, 120-130 us an fdatasync instead of
-# 180-230; docs/benchmarks.md, "flush=sync: a chunk's length set ahead of its records").
+# 180-230; docs/benchmarks.md, "flush=sync: the chunk's length set ahead of its records").
 LENGTH_AHEAD = 4 * 1024 * 1024
 
 # ---------------------------------------------------------------- queue index

@@ -82,45 +82,24 @@ def test_crc_mismatch_truncates_there(tmp_path) -> None:
     store.close()
 
 
-def test_bad_length_at_end_is_ignored(tmp_path) -> None:
-    store, _ = open_store(tmp_path)
-    r = append(store, 3)
-    crash(store)
-    chunk = chunk_paths(tmp_path)[0]
-    garbage = (10**6).to_bytes(4, "little") + b"\xe7\x01" + b"\0" * 10  # a size pointing past the end
-    records_only(chunk, r.end_position)
-    append_bytes(chunk, garbage)
-    store, report = open_store(tmp_path)
-    assert report.truncated_bytes == len(garbage.rstrip(b"\0"))  # zero bytes at the end are not counted
-    assert chunk.stat().st_size == r.end_position
-    assert store.queue_range("t", 0) == (0, 3)
-    store.close()
-
-
-def test_zeroed_tail_is_cut_and_not_counted_as_torn(tmp_path) -> None:
-    store, _ = open_store(tmp_path)
-    r = append(store, 3)
-    crash(store)
-    chunk = chunk_paths(tmp_path)[0]
-    # the writer's length ahead of its records, or a file extended by the fs but never written
-    assert chunk.stat().st_size > r.end_position  # crash() left the length ahead of the records
-    append_bytes(chunk, b"\0" * 4096)
-    store, report = open_store(tmp_path)
-    assert chunk.stat().st_size == r.end_position
-    assert report.truncated_bytes == 0 and report.notes == [] and report.records == 3
-    store.close()
-
-
-def test_torn_bytes_before_a_zero_tail_are_counted_without_the_zeros(tmp_path) -> None:
+@pytest.mark.parametrize("tail, counted", [
+    ((10**6).to_bytes(4, "little") + b"\xe7\x01" + bytes(10), 6),  # a size pointing past the end
+    (b"\x07" * 10 + bytes(8192), 10),  # a torn write, then the length the writer set ahead
+    (bytes(4096), 0),  # zeros only: that length alone, or a file the fs extended but never wrote
+], ids=["bad-length", "torn-then-zeros", "zeros-only"])
+def test_bytes_after_the_last_record_are_cut_and_only_non_zero_ones_counted(tmp_path, tail, counted) -> None:
     store, _ = open_store(tmp_path)
     r = append(store, 3)
     crash(store)
     chunk = chunk_paths(tmp_path)[0]
     records_only(chunk, r.end_position)
-    append_bytes(chunk, b"\x07" * 10 + b"\0" * 8192)  # a torn write, then the length set ahead
+    append_bytes(chunk, tail)
     store, report = open_store(tmp_path)
     assert chunk.stat().st_size == r.end_position
-    assert report.truncated_bytes == 10 and any("cut 10 bytes" in n for n in report.notes)
+    assert store.queue_range("t", 0) == (0, 3) and report.records == 3
+    assert report.truncated_bytes == counted
+    assert report.notes == ([f"chunk {chunk.name}: cut {counted} bytes at offset {r.end_position}"]
+                            if counted else [])
     store.close()
 
 
