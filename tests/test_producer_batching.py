@@ -190,8 +190,8 @@ def test_round_robin_over_many_topics_fills_frames_instead_of_a_frame_per_topic_
 
 def test_a_caller_waiting_on_a_gathering_batch_sends_every_gathering_batch_at_once(tmp_path):
     """The frame limit makes batches gather while frames are out; a caller that waits on one of
-    them sends nothing more meanwhile, so its wait sends every gathering batch at once (past the
-    limit) instead of leaving them to go one answer at a time (behind a broker that answers in
+    them sends nothing more meanwhile, so its wait at the limit sends every gathering batch at once
+    (past the limit) instead of leaving them to go one answer at a time (behind a broker that answers in
     5 ms, 2000 send_async over 100 topics took 173 ms to be answered, 50 ms now)."""
     topics = [f"w{i}" for i in range(10)]
     with _warm_producer(tmp_path, topics, max_batches_in_flight=2) as (b, p):
@@ -210,3 +210,33 @@ def test_a_caller_waiting_on_a_gathering_batch_sends_every_gathering_batch_at_on
         waiter.join(40)
         assert not waiter.is_alive()
         assert [f.result(30).topic for f in futures] == topics * 100 and results[0].topic == topics[-1]
+
+
+def test_below_the_frame_limit_callers_waiting_on_their_messages_still_share_a_frame(tmp_path):
+    """Many callers each waiting on their own message (threads, coroutines) must keep batching:
+    below max_batches_in_flight nothing but a queue's own frame in flight holds a batch back, so
+    a wait sends nothing early. One topic, the broker frozen with one frame out, a linger far
+    longer than the test: the next 20 messages gather while a caller waits on the last one, and
+    leave as one frame once the first is answered."""
+    import asyncio
+
+    with _warm_producer(tmp_path, ["share"], linger_ms=60_000) as (b, p):
+        before = _sends_served(b.address)
+        results: list = []
+        with _frozen(b):
+            first = p.send_async(Message("share", b"first"), routing_key="k")
+            assert wait_until(lambda: p._async._frames == 1, timeout=10)
+            futures = [p.send_async(Message("share", b"%d" % i), routing_key="k") for i in range(20)]
+            waiter = threading.Thread(target=lambda: results.append(futures[-1].result(30)))
+            waiter.start()
+            batch = futures[-1]._batch
+            assert wait_until(lambda: batch._future is not None, timeout=10)  # the caller waits
+            loop = p._async._loop
+            for _ in range(2):  # anything the wait scheduled on the loop has run by now
+                asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(10)
+            assert p._async._frames == 1 and p._async._open, "a wait below the limit sent a frame early"
+        waiter.join(40)
+        assert not waiter.is_alive() and first.result(30).topic == "share"
+        offsets = [f.result(30).queue_offset for f in futures]
+        assert offsets == sorted(offsets) and results[0].queue_offset == offsets[-1]
+        assert _sends_served(b.address) - before == 2  # the first frame, then the 20 in one

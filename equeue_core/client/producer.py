@@ -896,14 +896,17 @@ class AsyncProducer:
 
     def _someone_waits(self) -> None:
         """(the waiting thread) Someone started waiting on a batch that is not answered yet
-        (_OpenBatch.future): every gathering batch leaves now, past max_batches_in_flight, as
-        flush() sends them. A waiting caller sends nothing more meanwhile, so what gathers would
-        only wait its turn behind the frames out, one answer at a time: 2000 send_async over 100
-        topics behind answers that take 5 ms were all answered in 173 ms, now in 50 (a /tmp probe
-        through tests/helpers/proxy.py). Nothing gathering (a read without the lock: a batch
-        opened meanwhile is not this waiter's), no loop wake-up."""
+        (_OpenBatch.future) while max_batches_in_flight frames are out: every gathering batch
+        leaves now, past that limit, as flush() sends them. A waiting caller sends nothing more
+        meanwhile, so what gathers would only wait its turn behind the frames out, one answer at
+        a time: 2000 send_async over 100 topics behind answers that take 5 ms were all answered
+        in 173 ms, now in 50 (a /tmp probe through tests/helpers/proxy.py). Below the limit
+        nothing is held back but by its own queue's frame in flight (at most `linger`), and many
+        callers each waiting on their own message still share frames then. Reads without the
+        lock (a batch opened or a frame answered meanwhile only makes this a no-op or late)."""
         loop = self._loop
-        if loop is not None and (self._open or self._sealed):
+        if loop is not None and self._router is None and self._frames >= self.max_batches_in_flight \
+                and (self._open or self._sealed):
             try:
                 loop.call_soon_threadsafe(self._send_gathered)
             except RuntimeError:  # the loop is closed: close() sent everything already
