@@ -329,6 +329,11 @@ class CommitLog:
                 os.fsync(self._fd)
             except OSError as e:  # the next open's recovery cuts the zero tail instead
                 log.warning("could not cut the commit log's zero tail at close: %s", e)
+        self.release_files()
+
+    def release_files(self) -> None:
+        """Unmap and close every file as they are, the zero tail included (what a killed process
+        leaves; close() cuts the tail first)."""
         with self._lock:
             fds = self._sealed + ([self._fd] if self._fd >= 0 else [])
             self._sealed, self._fd = [], -1

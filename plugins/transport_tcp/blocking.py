@@ -96,6 +96,21 @@ def peeked(sock: socket.socket, buf: bytearray) -> Callable[[], bool]:
     return arrived
 
 
+def polled(sock: ssl.SSLSocket) -> Callable[[], bool]:
+    """The check for `spin_until` on a TLS socket, which cannot peek: True once the TLS layer
+    holds decrypted bytes, or bytes still encrypted are in the kernel (a record not all there yet,
+    or not application data, makes the read that follows wait)."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    poll = poller.poll
+    pending = sock.pending
+
+    def arrived() -> bool:
+        return bool(pending() or poll(0))
+
+    return arrived
+
+
 def spin_until(arrived: Callable[[], bool], seconds: float) -> bool:
     """Call `arrived` until it is True (return True) or `seconds` ran out (False), yielding the
     vCPU (sched_yield) between calls. A yield that let others run past the window counts as out
@@ -127,8 +142,7 @@ class BlockingTcpConnection:
         self._rbuf = bytearray(RECV_SIZE)  # what recv_into fills
         self._rview = memoryview(self._rbuf)
         self._used = 0.0  # time.monotonic() of the last response
-        self._peek = bytearray(1)
-        self._poller: select.poll | None = None  # a TLS socket's fd, for the spin (made at connect)
+        self._arrived: Callable[[], bool] = bool  # the spin's check of this socket (made at connect)
         self._spin_credit = SPIN_CREDIT_MAX  # see ANSWER_SPIN_S
         self._spin_rest = 0  # requests since spinning stopped
         self._answered = 0.0  # time.perf_counter() when the last answer was read
@@ -154,9 +168,7 @@ class BlockingTcpConnection:
         except (OSError, ssl.SSLError) as e:
             sock.close()
             raise TransportError(f"cannot connect to {self.address}: {e}") from None
-        if self._tls is not None:  # an SSLSocket cannot peek: the spin polls its fd
-            self._poller = select.poll()
-            self._poller.register(sock.fileno(), select.POLLIN)
+        self._arrived = polled(sock) if self._tls is not None else peeked(sock, bytearray(1))
         self._sock = sock
         self._timeout: float | None = None
         self._buf.clear()
@@ -220,7 +232,7 @@ class BlockingTcpConnection:
             else:
                 self._write(sock, buffers)
             if spin and ANSWER_SPIN_S:
-                self._spin(sock, began)
+                self._spin(began)
             while True:
                 response = self._read_frame(sock, deadline)
                 if response.request_id == request_id and not response.flags & wire.FLAG_PUSH:
@@ -241,7 +253,7 @@ class BlockingTcpConnection:
             self.close()
             raise
 
-    def _spin(self, sock: socket.socket, began: float) -> None:
+    def _spin(self, began: float) -> None:
         """Check the socket, without blocking and yielding the vCPU between checks, until the
         answer's first bytes are there (or the connection's end: the read that follows reports
         it) or ANSWER_SPIN_S ran out; then the read. Plain tcp peeks (MSG_PEEK); TLS polls the
@@ -260,16 +272,7 @@ class BlockingTcpConnection:
                 return
             self._spin_rest = 0
             self._spin_credit = 1
-        if self._poller is not None:  # TLS (see connect)
-            poll = self._poller.poll
-
-            def arrived() -> bool:
-                # bytes the TLS layer decrypted already, or still encrypted in the kernel (a record
-                # not all there yet, or not application data, makes the read that follows wait)
-                return bool(sock.pending() or poll(0))
-        else:
-            arrived = peeked(sock, self._peek)
-        if spin_until(arrived, ANSWER_SPIN_S):
+        if spin_until(self._arrived, ANSWER_SPIN_S):
             self.spins_caught += 1
             if self._spin_credit < SPIN_CREDIT_MAX:
                 self._spin_credit += 1

@@ -71,13 +71,7 @@ def crash(store: FileMessageStore) -> None:
     store._checkpointer.join()
     store._flusher._flush_fn = lambda: 0
     store._flusher.stop()
-    log = store.log  # close its fds without close()'s cut of the zero tail ahead of the records
-    for fd in log._sealed + ([log._fd] if log._fd >= 0 else []):
-        os.close(fd)
-    log._sealed, log._fd = [], -1
-    for m in log._maps.values():
-        m.unmap()
-    log._maps.clear()
+    store.log.release_files()  # without close()'s cut of the zero tail ahead of the records
     idx = store.index
     for q in idx._queues.values():  # close fds without the clean-close bookkeeping
         fds = q.sealed + ([q.fd] if q.fd >= 0 else []) + list(q.read_fds.values())
