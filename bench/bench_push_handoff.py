@@ -45,7 +45,7 @@ def role_send(address: str, count: int, rate: int) -> None:
     from equeue_core.client import Message, Producer
 
     with Producer(address) as p:
-        paced(count, rate, False, lambda i: p.send(Message("handoff", stamp(100))))
+        paced(count, rate, False, lambda i, due: p.send(Message("handoff", stamp(100, due))))
 
 
 def _process_cost(before: resource.struct_rusage, after: resource.struct_rusage, n: int) -> dict:

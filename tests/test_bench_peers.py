@@ -89,6 +89,10 @@ def test_every_workload_row_is_well_formed(equeue_and_installed_peers, driver):
             if row["workload"] == "latency":
                 assert row["count"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"], row
                 assert row["sent"] == row["count"] and row["achieved_rate"] > 0, row
+                # from the slot: each message was sent at or after its slot, so never sooner (the
+                # two clocks of a Pace are read ~1 us apart)
+                for stat in ("p50_ms", "p99_ms", "max_ms"):
+                    assert row[f"due_{stat}"] >= row[stat] - 0.01, row
             else:
                 assert row["count"] > 0 and row["seconds"] > 0 and row["msgs_per_s"] > 0, row
     if driver == "equeue":  # our own: send_async too, and produce/single sends with flush=sync
@@ -107,6 +111,7 @@ def test_ratio_table_has_a_row_per_comparison_and_a_column_per_peer(equeue_and_i
     assert any(label.startswith("produce 100 B") for label in labels)
     assert any(label.startswith("consume") for label in labels)
     assert any(label.startswith("latency p99") for label in labels)
+    assert any(label.startswith("latency p99 from the slot") for label in labels)
     for row in ratio_rows:
         assert row["equeue"] is not None and row["equeue"] > 0, row
         for peer in peers:

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -23,9 +24,17 @@ from bench.child import exit_reason, role_result
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
-# A latency message carries its send time (time.time_ns, one clock for every process on the host)
-# in its first 8 bytes; warm-up messages carry 0 and are not counted.
-STAMP_BYTES = 8
+# A latency message carries two wall-clock times (time.time_ns, one clock for every process on the
+# host): when the sender made it, then when the pace meant it to be sent (its slot, start + i /
+# rate). Warm-up messages carry 0 and are not counted. Latency from the first is what each row's
+# p50_ms/p99_ms has always been; from the second (due_p50_ms/due_p99_ms) it also counts the time
+# a message waited for its sender to get round to it: a sender that waits for each answer (XADD,
+# EQueue's `send`) sends nothing while a server or client stalls, so its stamps start after the
+# stall and latency from them leaves the stall out (coordinated omission), while a sender that
+# does not wait (send_async, publish_async, publishes without confirms) stamps on time and its
+# messages count the whole stall. From the slot, every sender is measured the same way.
+STAMP_BYTES = 16
+_STAMP = struct.Struct("<QQ")
 
 
 def emit(row: dict) -> None:
@@ -147,12 +156,29 @@ def run_latency(driver: str, args: dict, timeout: float = 300) -> dict:
             recv.communicate()
 
 
-def paced(count: int, rate: float, spin: bool, send: Callable[[int], object]) -> float:
-    """Call send(i) at a steady `rate` per second; between sends the caller's thread either sleeps
-    or spins (stays busy, as an application that computes between sends). Returns the seconds."""
-    start = time.perf_counter()
+class Pace:
+    """The slots of a steady `rate` per second from now: slot i is due at `due(i)` on the
+    perf_counter clock and `due_ns(i)` on the wall clock (what `stamp` writes)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.start = time.perf_counter()
+        self.start_ns = time.time_ns()
+
+    def due(self, i: int) -> float:
+        return self.start + i / self.rate
+
+    def due_ns(self, i: int) -> int:
+        return self.start_ns + round(i * 1e9 / self.rate)
+
+
+def paced(count: int, rate: float, spin: bool, send: Callable[[int, int], object]) -> float:
+    """Call send(i, due_ns) at a steady `rate` per second (due_ns: the slot's wall-clock time, for
+    `stamp`); between sends the caller's thread either sleeps or spins (stays busy, as an
+    application that computes between sends). Returns the seconds."""
+    pace = Pace(rate)
     for i in range(count):
-        due = start + i / rate
+        due = pace.due(i)
         if spin:
             while time.perf_counter() < due:
                 pass
@@ -160,8 +186,8 @@ def paced(count: int, rate: float, spin: bool, send: Callable[[int], object]) ->
             delay = due - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-        send(i)
-    return time.perf_counter() - start
+        send(i, pace.due_ns(i))
+    return time.perf_counter() - pace.start
 
 
 def chunks(count: int, budget: float, chunk: int = 1000):
@@ -174,14 +200,38 @@ def chunks(count: int, budget: float, chunk: int = 1000):
         yield min(chunk, count - i)
 
 
-def stamp(size: int) -> bytes:
-    return time.time_ns().to_bytes(STAMP_BYTES, "little") + b"\0" * (size - STAMP_BYTES)
+def stamp(size: int, due_ns: int | None = None) -> bytes:
+    """A latency message's body: the time now, then its slot's time (`due_ns`, now without one)."""
+    now = time.time_ns()
+    return _STAMP.pack(now, now if due_ns is None else due_ns) + b"\0" * (size - STAMP_BYTES)
 
 
-def latency_ms(body: bytes) -> float | None:
-    """Milliseconds since the sender stamped `body`, None for a warm-up message."""
-    sent = int.from_bytes(body[:STAMP_BYTES], "little")
-    return None if sent == 0 else (time.time_ns() - sent) / 1e6
+class Latencies:
+    """What a latency receiver collects: each message's milliseconds since its sender stamped it,
+    and since its slot in the pace (see STAMP_BYTES)."""
+
+    def __init__(self) -> None:
+        self.sent: list[float] = []
+        self.due: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self.sent)
+
+    def add(self, body: bytes) -> bool:
+        """Count a received body now; False (nothing counted) for a warm-up message."""
+        now = time.time_ns()
+        sent, due = _STAMP.unpack_from(body)
+        if sent == 0:
+            return False
+        self.sent.append((now - sent) / 1e6)
+        self.due.append((now - due) / 1e6)
+        return True
+
+    def summary(self) -> dict:
+        """`summary` of the latencies from the stamps, and the same from the slots as due_p50_ms,
+        due_p99_ms and due_max_ms."""
+        due = summary(self.due)
+        return {**summary(self.sent), **{f"due_{k}": v for k, v in due.items() if k != "count"}}
 
 
 def warmup_body(size: int) -> bytes:

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.answer_window import AnswerWindow
-from bench.peers.common import chunks, latency_ms, paced, rate_row, stamp, summary, warmup_body
+from bench.peers.common import Latencies, chunks, paced, rate_row, stamp, warmup_body
 from tests.helpers.counting import CountingHandler
 
 SYSTEMS = ["equeue"]
@@ -141,7 +141,7 @@ def latency_receiver(info: dict, system: str, name: str, size: int, count: int, 
         return _push_latency(info, name, count, seconds, pulling=call.endswith("/push_pulling"))
     from equeue_core.client import LitePullConsumer
 
-    lat: list[float] = []
+    lat = Latencies()
     c = LitePullConsumer(f"latency-{name}", info["address"], consume_from="last")
     try:
         c.subscribe(name)
@@ -151,28 +151,23 @@ def latency_receiver(info: dict, system: str, name: str, size: int, count: int, 
         deadline = time.monotonic() + seconds + 30
         while len(lat) < count and time.monotonic() < deadline:
             for m in c.poll(1.0):
-                ms = latency_ms(m.body)
-                if ms is not None:
-                    lat.append(ms)
+                lat.add(m.body)
     finally:
         c.close()
-    return _with_broker_gc(summary(lat), info, gc_before)
+    return _with_broker_gc(lat.summary(), info, gc_before)
 
 
 def _push_latency(info: dict, name: str, count: int, seconds: float, pulling: bool = False) -> dict:
     from equeue_core.client import Consumer
 
-    lat: list[float] = []
+    lat = Latencies()
     lock = threading.Lock()
     done = threading.Event()
 
     def handler(m) -> None:
-        ms = latency_ms(m.body)
-        if ms is not None:
-            with lock:
-                lat.append(ms)
-                if len(lat) >= count:
-                    done.set()
+        with lock:
+            if lat.add(m.body) and len(lat) >= count:
+                done.set()
 
     options = {"pull_in_handler_threads": True} if pulling else {"offset_dir": info["offset_dir"]}
     c = Consumer(f"latency-{name}", info["address"], consume_from="last", **options)
@@ -186,7 +181,8 @@ def _push_latency(info: dict, name: str, count: int, seconds: float, pulling: bo
     print("ready", flush=True)
     done.wait(seconds + 30)
     c.close()
-    return _with_broker_gc(summary(lat), info, gc_before)
+    with lock:
+        return _with_broker_gc(lat.summary(), info, gc_before)
 
 
 def latency_sender(info: dict, system: str, name: str, size: int, count: int, rate: int, seconds: float,
@@ -199,6 +195,6 @@ def latency_sender(info: dict, system: str, name: str, size: int, count: int, ra
     with Producer(info["address"]) as p:
         p.send(Message(name, warmup_body(size)))
         send = p.send if call.split("/")[0] == "send" else p.send_async
-        elapsed = paced(count, rate, spin, lambda i: send(Message(name, stamp(size))))
+        elapsed = paced(count, rate, spin, lambda i, due: send(Message(name, stamp(size, due))))
         p.flush()
     return rate_row(count, elapsed)

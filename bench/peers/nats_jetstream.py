@@ -17,15 +17,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.peers.common import (
+    Latencies,
+    Pace,
     ServerProcess,
     chunks,
     free_port,
-    latency_ms,
     missing_binary,
     missing_module,
     rate_row,
     stamp,
-    summary,
 )
 
 SYSTEMS = ["nats-jetstream"]
@@ -121,15 +121,12 @@ def latency_receiver(info: dict, system: str, name: str, size: int, count: int, 
 
     async def go() -> dict:
         nc, js = await _connect(info, name)
-        lat: list[float] = []
+        lat = Latencies()
         done = asyncio.Event()
 
         async def cb(msg) -> None:
-            ms = latency_ms(msg.data)
-            if ms is not None:
-                lat.append(ms)
-                if len(lat) >= count:
-                    done.set()
+            if lat.add(msg.data) and len(lat) >= count:
+                done.set()
 
         await js.subscribe(name, cb=cb, deliver_policy=DeliverPolicy.NEW)
         await nc.flush()
@@ -139,7 +136,7 @@ def latency_receiver(info: dict, system: str, name: str, size: int, count: int, 
         except TimeoutError:
             pass
         await nc.close()
-        return summary(lat)
+        return lat.summary()
 
     return asyncio.run(go())
 
@@ -149,9 +146,9 @@ def latency_sender(info: dict, system: str, name: str, size: int, count: int, ra
     async def go() -> dict:
         nc, js = await _connect(info, name)
         futures = []
-        start = time.perf_counter()
+        pace = Pace(rate)
         for i in range(count):
-            due = start + i / rate
+            due = pace.due(i)
             if spin:
                 while time.perf_counter() < due:
                     pass
@@ -159,10 +156,10 @@ def latency_sender(info: dict, system: str, name: str, size: int, count: int, ra
                 delay = due - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-            futures.append(await js.publish_async(name, stamp(size)))
+            futures.append(await js.publish_async(name, stamp(size, pace.due_ns(i))))
             if spin:
                 await asyncio.sleep(0)  # the one turn of the loop a busy caller gives its client
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - pace.start
         await asyncio.gather(*futures)
         await nc.close()
         return rate_row(count, elapsed)

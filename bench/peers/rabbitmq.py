@@ -21,16 +21,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.peers.common import (
+    Latencies,
     ServerProcess,
     chunks,
     free_port,
-    latency_ms,
     missing_binary,
     missing_module,
     paced,
     rate_row,
     stamp,
-    summary,
 )
 
 SYSTEMS = ["rabbitmq-quorum", "rabbitmq-classic"]
@@ -187,12 +186,10 @@ def latency_receiver(info: dict, system: str, name: str, size: int, count: int, 
                      spin: bool) -> dict:
     conn, ch, queue = _blocking(info, system, name, prefetch=PREFETCH)
     ch.queue_purge(queue)
-    lat: list[float] = []
+    lat = Latencies()
 
     def on_message(channel, method, properties, body) -> None:
-        ms = latency_ms(body)
-        if ms is not None:
-            lat.append(ms)
+        lat.add(body)
         if len(lat) % 100 == 0 or len(lat) >= count:
             channel.basic_ack(method.delivery_tag, multiple=True)
         if len(lat) >= count:
@@ -203,7 +200,7 @@ def latency_receiver(info: dict, system: str, name: str, size: int, count: int, 
     print("ready", flush=True)
     ch.start_consuming()
     conn.close()
-    return summary(lat)
+    return lat.summary()
 
 
 def latency_sender(info: dict, system: str, name: str, size: int, count: int, rate: int, seconds: float,
@@ -212,6 +209,6 @@ def latency_sender(info: dict, system: str, name: str, size: int, count: int, ra
     pace's 0.2 ms); messages are persistent, and a quorum queue delivers only committed entries."""
     conn, ch, queue = _blocking(info, system, name)
     props = _persistent()
-    elapsed = paced(count, rate, spin, lambda i: ch.basic_publish("", queue, stamp(size), props))
+    elapsed = paced(count, rate, spin, lambda i, due: ch.basic_publish("", queue, stamp(size, due), props))
     conn.close()
     return rate_row(count, elapsed)

@@ -15,16 +15,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.peers.common import (
+    Latencies,
     ServerProcess,
     chunks,
     free_port,
-    latency_ms,
     missing_binary,
     missing_module,
     paced,
     rate_row,
     stamp,
-    summary,
     warmup_body,
 )
 
@@ -106,7 +105,7 @@ def latency_receiver(info: dict, system: str, name: str, size: int, count: int, 
                      spin: bool) -> dict:
     r = _client(info)
     last = r.xadd(name, {"b": warmup_body(size)})  # read from here on: nothing the sender adds is missed
-    lat: list[float] = []
+    lat = Latencies()
     print("ready", flush=True)
     deadline = time.monotonic() + seconds + 30
     while len(lat) < count and time.monotonic() < deadline:
@@ -114,16 +113,14 @@ def latency_receiver(info: dict, system: str, name: str, size: int, count: int, 
         if not resp:
             continue
         for entry_id, fields in resp[0][1]:
-            ms = latency_ms(fields[b"b"])
-            if ms is not None:
-                lat.append(ms)
+            lat.add(fields[b"b"])
             last = entry_id
-    return summary(lat)
+    return lat.summary()
 
 
 def latency_sender(info: dict, system: str, name: str, size: int, count: int, rate: int, seconds: float,
                    spin: bool) -> dict:
     r = _client(info)
     r.ping()
-    elapsed = paced(count, rate, spin, lambda i: r.xadd(name, {"b": stamp(size)}))
+    elapsed = paced(count, rate, spin, lambda i, due: r.xadd(name, {"b": stamp(size, due)}))
     return rate_row(count, elapsed)
