@@ -9,8 +9,9 @@ per (system, workload, size), then one table of ratios (>1 means EQueue is ahead
 Workloads (durability on everywhere):
 - produce: 100 B and 1 KiB bodies, each system's best batching pattern (and EQueue's send_async);
 - consume: drain the 100 B and 1 KiB backlogs the batch produce left, at the client's default settings;
-- latency: a steady paced rate (default 5k msg/s), p50/p99, the receiver in its own process;
-  `sleep` between sends, and `spin` where the sender's thread stays busy between sends;
+- latency: a steady paced rate (default 5k msg/s), p50/p99 from each message's stamp and (due_*)
+  from its slot in the pace, the receiver in its own process; `sleep` between sends, and `spin`
+  where the sender's thread stays busy between sends;
 - single: one send at a time, each waiting for its acknowledgement.
 Produce and single-send runs stop early after --budget seconds (a slow peer bounds the run's time;
 each row gives the count it reached). A latency row's achieved_rate shows whether its sender kept
