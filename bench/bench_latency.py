@@ -17,7 +17,9 @@ Cases (`--only`):
 - e2e: one process sends at a steady `--rate` (sleeping until each message is due), another
   consumes the topic (as bench/peers runs it: a LitePullConsumer polling; `--receiver push` or
   `lite,push` for the push Consumer); latency: send time (wall clock, in the body) to poll's
-  return (or the handler call). Once with `send` (waits for each acknowledgement), once with `send_async`. CPU
+  return (or the handler call), and (due_*) from the message's slot in the pace, which also
+  counts the time a message waited for a sender held up by the one before it
+  (bench/peers/common.py). Once with `send` (waits for each acknowledgement), once with `send_async`. CPU
   per message of each process (sleeping sender only) says what the rate costs.
 - spin: the same, but the caller busy-waits until each message is due and never sleeps (an app that
   computes between sends): the client must deliver without idle time in the caller's thread.
@@ -51,17 +53,11 @@ if str(ROOT) not in sys.path:
 
 from bench.answer_window import AnswerWindow  # noqa: E402  (after the path: a --baseline role imports it too)
 from bench.child import role_result  # noqa: E402
+from bench.peers.common import Latencies, paced, stamp  # noqa: E402
 
 
 def emit(result: dict) -> None:
     print(json.dumps(result), flush=True)
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(len(values) * q))]
 
 
 # ---------------------------------------------------------------- client roles (child processes)
@@ -75,18 +71,13 @@ def role_receiver(address: str, topic: str, count: int, group: str, kind: str = 
     if kind == "lite":
         return _lite_receiver(address, topic, count, group)
 
-    lat: list[float] = []
+    lat = Latencies()
     lock = threading.Lock()
     all_in = threading.Event()
 
     def handler(m) -> None:
-        sent = int.from_bytes(m.body[:8], "little")
-        if sent == 0:
-            return
-        now = time.time_ns()
         with lock:
-            lat.append((now - sent) / 1e6)
-            if len(lat) >= count:
+            if lat.add(m.body) and len(lat) >= count:
                 all_in.set()
 
     with Producer(address) as p:
@@ -100,9 +91,7 @@ def role_receiver(address: str, topic: str, count: int, group: str, kind: str = 
     cpu = time.process_time() - cpu0
     c.close()
     with lock:
-        got = list(lat)
-    return {"count": len(got), "p50_ms": _percentile(got, 0.5), "p99_ms": _percentile(got, 0.99),
-            "max_ms": max(got) if got else float("nan"), "receiver_cpu_us_per_msg": cpu * 1e6 / max(1, len(got))}
+        return {**lat.summary(), "receiver_cpu_us_per_msg": cpu * 1e6 / max(1, len(lat))}
 
 
 def _lite_receiver(address: str, topic: str, count: int, group: str) -> dict:
@@ -114,7 +103,7 @@ def _lite_receiver(address: str, topic: str, count: int, group: str) -> dict:
         raise SystemExit("this tree has no LitePullConsumer: run it with --receiver push") from None
     with Producer(address) as p:
         p.send(Message(topic, b"\0" * 100))
-    lat: list[float] = []
+    lat = Latencies()
     c = LitePullConsumer(group, address, consume_from="last")
     c.subscribe(topic)
     c.poll(0.2)
@@ -123,13 +112,10 @@ def _lite_receiver(address: str, topic: str, count: int, group: str) -> dict:
     deadline = time.monotonic() + 120
     while len(lat) < count and time.monotonic() < deadline:
         for m in c.poll(1.0):
-            sent = int.from_bytes(m.body[:8], "little")
-            if sent:
-                lat.append((time.time_ns() - sent) / 1e6)
+            lat.add(m.body)
     cpu = time.process_time() - cpu0
     c.close()
-    return {"count": len(lat), "p50_ms": _percentile(lat, 0.5), "p99_ms": _percentile(lat, 0.99),
-            "max_ms": max(lat) if lat else float("nan"), "receiver_cpu_us_per_msg": cpu * 1e6 / max(1, len(lat))}
+    return {**lat.summary(), "receiver_cpu_us_per_msg": cpu * 1e6 / max(1, len(lat))}
 
 
 def role_sender(address: str, topic: str, rate: int, seconds: float, mode: str, pacing: str) -> dict:
@@ -137,26 +123,11 @@ def role_sender(address: str, topic: str, rate: int, seconds: float, mode: str, 
     from equeue_core.client import Message, Producer
 
     n = int(rate * seconds)
-    pad = b"\0" * 92
     with Producer(address) as p:
         p.send(Message(topic, b"\0" * 100))
+        send = p.send if mode == "send" else p.send_async
         cpu0 = time.process_time()
-        start = time.perf_counter()
-        for i in range(n):
-            due = start + i / rate
-            if pacing == "spin":
-                while time.perf_counter() < due:
-                    pass
-            else:
-                delay = due - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-            msg = Message(topic, time.time_ns().to_bytes(8, "little") + pad)
-            if mode == "send":
-                p.send(msg)
-            else:
-                p.send_async(msg)
-        sent_s = time.perf_counter() - start
+        sent_s = paced(n, rate, pacing == "spin", lambda i, due: send(Message(topic, stamp(100, due))))
         p.flush()
         cpu = time.process_time() - cpu0
         lane = getattr(p, "lane_frames", None)  # None: a --baseline tree without the lane
