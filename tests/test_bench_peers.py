@@ -89,10 +89,10 @@ def test_every_workload_row_is_well_formed(equeue_and_installed_peers, driver):
             if row["workload"] == "latency":
                 assert row["count"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"], row
                 assert row["sent"] == row["count"] and row["achieved_rate"] > 0, row
-                # from the slot: each message was sent at or after its slot, so never sooner (the
-                # two clocks of a Pace are read ~1 us apart)
+                # from the slot: each message was sent at or after its slot (both on the wall
+                # clock), so no percentile is sooner
                 for stat in ("p50_ms", "p99_ms", "max_ms"):
-                    assert row[f"due_{stat}"] >= row[stat] - 0.01, row
+                    assert row[f"due_{stat}"] >= row[stat], row
             else:
                 assert row["count"] > 0 and row["seconds"] > 0 and row["msgs_per_s"] > 0, row
     if driver == "equeue":  # our own: send_async too, and produce/single sends with flush=sync

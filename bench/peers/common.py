@@ -157,19 +157,32 @@ def run_latency(driver: str, args: dict, timeout: float = 300) -> dict:
 
 
 class Pace:
-    """The slots of a steady `rate` per second from now: slot i is due at `due(i)` on the
-    perf_counter clock and `due_ns(i)` on the wall clock (what `stamp` writes)."""
+    """The slots of a steady `rate` per second from now, on the wall clock (time.time_ns, what
+    `stamp` writes and the receivers read): slot i is due at `due_ns(i)`. Pacing on that clock,
+    not perf_counter, means a message is never sent before its slot even while the wall clock is
+    slewed, so its latency from the slot is never below its latency from the stamp."""
 
     def __init__(self, rate: float) -> None:
         self.rate = rate
-        self.start = time.perf_counter()
+        self.start = time.perf_counter()  # for the elapsed seconds only
         self.start_ns = time.time_ns()
-
-    def due(self, i: int) -> float:
-        return self.start + i / self.rate
 
     def due_ns(self, i: int) -> int:
         return self.start_ns + round(i * 1e9 / self.rate)
+
+    def wait(self, i: int, spin: bool) -> int:
+        """Return slot i's time once it has come: spinning (the thread stays busy) or sleeping."""
+        due = self.due_ns(i)
+        if spin:
+            while time.time_ns() < due:
+                pass
+        else:
+            delay = due - time.time_ns()
+            if delay > 0:
+                time.sleep(delay / 1e9)
+            while time.time_ns() < due:  # a sleep that ended a hair early
+                pass
+        return due
 
 
 def paced(count: int, rate: float, spin: bool, send: Callable[[int, int], object]) -> float:
@@ -178,15 +191,7 @@ def paced(count: int, rate: float, spin: bool, send: Callable[[int, int], object
     application that computes between sends). Returns the seconds."""
     pace = Pace(rate)
     for i in range(count):
-        due = pace.due(i)
-        if spin:
-            while time.perf_counter() < due:
-                pass
-        else:
-            delay = due - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-        send(i, pace.due_ns(i))
+        send(i, pace.wait(i, spin))
     return time.perf_counter() - pace.start
 
 
