@@ -76,8 +76,9 @@ def role_receiver(address: str, topic: str, count: int, group: str, kind: str = 
     all_in = threading.Event()
 
     def handler(m) -> None:
+        now = time.time_ns()  # before the lock, which other handler threads may hold
         with lock:
-            if lat.add(m.body) and len(lat) >= count:
+            if lat.add(m.body, now) and len(lat) >= count:
                 all_in.set()
 
     with Producer(address) as p:

@@ -222,9 +222,11 @@ class Latencies:
     def __len__(self) -> int:
         return len(self.sent)
 
-    def add(self, body: bytes) -> bool:
-        """Count a received body now; False (nothing counted) for a warm-up message."""
-        now = time.time_ns()
+    def add(self, body: bytes, now: int | None = None) -> bool:
+        """Count a body received `now` (time.time_ns(), read here without one); False (nothing
+        counted) for a warm-up message."""
+        if now is None:
+            now = time.time_ns()
         sent, due = _STAMP.unpack_from(body)
         if sent == 0:
             return False

@@ -165,8 +165,9 @@ def _push_latency(info: dict, name: str, count: int, seconds: float, pulling: bo
     done = threading.Event()
 
     def handler(m) -> None:
+        now = time.time_ns()  # before the lock, which other handler threads may hold
         with lock:
-            if lat.add(m.body) and len(lat) >= count:
+            if lat.add(m.body, now) and len(lat) >= count:
                 done.set()
 
     options = {"pull_in_handler_threads": True} if pulling else {"offset_dir": info["offset_dir"]}
