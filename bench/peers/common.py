@@ -170,18 +170,19 @@ class Pace:
     def due_ns(self, i: int) -> int:
         return self.start_ns + round(i * 1e9 / self.rate)
 
+    def remaining(self, i: int) -> float:
+        """Seconds until slot i (0 once it has come)."""
+        return max(0, self.due_ns(i) - time.time_ns()) / 1e9
+
     def wait(self, i: int, spin: bool) -> int:
-        """Return slot i's time once it has come: spinning (the thread stays busy) or sleeping."""
+        """Return slot i's time once it has come: spinning (the thread stays busy) or sleeping.
+        An async sender sleeps `remaining(i)` its own way first, then calls this to spin out what
+        a sleep that ended a hair early left."""
+        if not spin and (delay := self.remaining(i)):
+            time.sleep(delay)
         due = self.due_ns(i)
-        if spin:
-            while time.time_ns() < due:
-                pass
-        else:
-            delay = due - time.time_ns()
-            if delay > 0:
-                time.sleep(delay / 1e9)
-            while time.time_ns() < due:  # a sleep that ended a hair early
-                pass
+        while time.time_ns() < due:
+            pass
         return due
 
 

@@ -148,15 +148,9 @@ def latency_sender(info: dict, system: str, name: str, size: int, count: int, ra
         futures = []
         pace = Pace(rate)
         for i in range(count):
-            due = pace.due_ns(i)
-            if spin:
-                due = pace.wait(i, spin=True)
-            else:
-                delay = due - time.time_ns()
-                if delay > 0:
-                    await asyncio.sleep(delay / 1e9)
-                while time.time_ns() < due:  # a sleep that ended a hair early
-                    pass
+            if not spin and (delay := pace.remaining(i)):
+                await asyncio.sleep(delay)
+            due = pace.wait(i, spin=True)
             futures.append(await js.publish_async(name, stamp(size, due)))
             if spin:
                 await asyncio.sleep(0)  # the one turn of the loop a busy caller gives its client

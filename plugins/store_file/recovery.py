@@ -13,6 +13,8 @@ import logging
 import mmap
 import os
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from equeue_core.errors import CorruptRecordError
@@ -109,24 +111,20 @@ def scan_log(log_dir: str, chunks: list[int], chunk_size: int, start: int,
         if cstart not in chunks:
             break
         path = os.path.join(log_dir, file_name(cstart))
-        off = pos - cstart
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            data: bytes | mmap.mmap = (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                                       if size else b"")
-        try:
-            off, next_chunk = _scan_chunk(data, off, cstart, size, result, entries if collect else None)
-        finally:
-            if isinstance(data, mmap.mmap):
-                data.close()
-        if next_chunk and cstart + chunk_size in chunks:
-            sealed_end = off + END_OF_CHUNK_SIZE
-            if size > sealed_end:  # the roll's cut of this chunk never reached the disk
-                bad = _nonzero_end(path, sealed_end, size) - sealed_end
+        with _mapped(path) as (data, size):
+            off, next_chunk = _scan_chunk(data, pos - cstart, cstart, size, result,
+                                          entries if collect else None)
+            sealed = next_chunk and cstart + chunk_size in chunks
+            # where the records end, marker included if sealed; past it, the last non-zero byte
+            records_end = off + END_OF_CHUNK_SIZE if sealed else off
+            written_end = _nonzero_end(data, records_end, size)
+        if sealed:
+            if size > records_end:  # the roll's cut of this chunk never reached the disk
+                bad = written_end - records_end
                 if bad:
                     result.truncated_bytes += bad
                     result.notes.append(f"chunk {file_name(cstart)}: cut {bad} bytes after its end marker")
-                os.truncate(path, sealed_end)
+                os.truncate(path, records_end)
             pos = cstart + chunk_size
             continue
         # the valid log ends here: cut this chunk's tail and drop every later chunk
@@ -134,7 +132,7 @@ def scan_log(log_dir: str, chunks: list[int], chunk_size: int, start: int,
         if size > off:
             # zero bytes at the end are the length the writer set ahead of its records
             # (commit_log.py), where nothing was written: cut, but not counted as torn data
-            bad = _nonzero_end(path, off, size) - off
+            bad = written_end - off
             tail_is_marker = next_chunk and bad == END_OF_CHUNK_SIZE
             if bad and not tail_is_marker:
                 result.truncated_bytes += bad
@@ -142,7 +140,8 @@ def scan_log(log_dir: str, chunks: list[int], chunk_size: int, start: int,
             os.truncate(path, off)
         for later in [c for c in chunks if c > cstart]:
             lpath = os.path.join(log_dir, file_name(later))
-            lsize = _nonzero_end(lpath, 0, os.path.getsize(lpath))
+            with _mapped(lpath) as (ldata, lfile_size):
+                lsize = _nonzero_end(ldata, 0, lfile_size)
             result.truncated_bytes += lsize
             result.notes.append(f"chunk {file_name(later)}: deleted ({lsize} bytes after the valid end)")
             os.unlink(lpath)
@@ -152,18 +151,29 @@ def scan_log(log_dir: str, chunks: list[int], chunk_size: int, start: int,
     return result
 
 
-def _nonzero_end(path: str, start: int, end: int, step: int = 1 << 20) -> int:
-    """The end of the last non-zero byte of the file in [start, end); start if all are zero.
-    Reads backwards a step at a time (a zero tail is up to LENGTH_AHEAD long)."""
-    with open(path, "rb") as f:
-        while end > start:
-            lo = max(start, end - step)
-            f.seek(lo)
-            part = f.read(end - lo).rstrip(b"\0")
-            if part:
-                return lo + len(part)
-            end = lo
+def _nonzero_end(data: bytes | mmap.mmap, start: int, end: int, step: int = 1 << 20) -> int:
+    """The end of the last non-zero byte of `data` in [start, end); start if all are zero.
+    Looks backwards a step at a time (a zero tail is up to LENGTH_AHEAD long)."""
+    while end > start:
+        lo = max(start, end - step)
+        part = data[lo:end].rstrip(b"\0")
+        if part:
+            return lo + len(part)
+        end = lo
     return start
+
+
+@contextmanager
+def _mapped(path: str) -> Iterator[tuple[bytes | mmap.mmap, int]]:
+    """A chunk file mapped for reading (b"" when empty) and its size; unmapped on exit."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data: bytes | mmap.mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    try:
+        yield data, size
+    finally:
+        if isinstance(data, mmap.mmap):
+            data.close()
 
 
 def collect_queue_records(log_dir: str, chunks: list[int], chunk_size: int, end: int,
@@ -181,14 +191,9 @@ def collect_queue_records(log_dir: str, chunks: list[int], chunk_size: int, end:
         if cstart >= end:
             break
         path = os.path.join(log_dir, file_name(cstart))
-        with open(path, "rb") as f:
-            size = min(os.fstat(f.fileno()).st_size, end - cstart)
-            data: bytes | mmap.mmap = (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b"")
-        try:
+        with _mapped(path) as (data, file_size):
+            size = min(file_size, end - cstart)
             off, marker = _scan_chunk(data, 0, cstart, size, ScanResult(end=cstart), entries, wanted)
-        finally:
-            if isinstance(data, mmap.mmap):
-                data.close()
         if off < size and not marker:
             notes.append(f"chunk {file_name(cstart)}: unreadable from offset {off}; "
                          f"its records after that are not indexed")
