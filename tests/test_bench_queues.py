@@ -1,0 +1,27 @@
+"""bench/bench_queues.py at a tiny size: one case end to end (its own broker, producer and consumer
+processes), one JSON row with every figure, and `--connections 0` skipping the connection-memory
+figure instead of dividing by zero. Nothing here asserts a time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_one_small_case_without_the_connection_figure():
+    r = subprocess.run([sys.executable, "-m", "bench.bench_queues", "--count", "2000", "--cases", "4",
+                        "--connections", "0", "--sync-seconds", "0"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert [row["bench"] for row in rows] == ["queues"]
+    row = rows[0]
+    assert row["case"] == "1 topic x 4 queues" and row["queues"] == 4
+    assert row["consumed"] >= 2000
+    for key in ("produce_msgs_per_s", "consume_msgs_per_s", "consume_lite_msgs_per_s"):
+        assert row[key] > 0, (key, row)
+    assert all(v >= 0 for v in row["cpu_us_per_msg"].values()), row
