@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -95,6 +96,10 @@ def test_every_workload_row_is_well_formed(equeue_and_installed_peers, driver):
                     assert row[f"due_{stat}"] >= row[stat], row
             else:
                 assert row["count"] > 0 and row["seconds"] > 0 and row["msgs_per_s"] > 0, row
+            # the server's CPU during the row: a server that served messages used some
+            messages = row["sent"] if row["workload"] == "latency" else row["count"]
+            assert row["server_cpu_s"] > 0, row
+            assert row["server_cpu_us_per_msg"] == pytest.approx(row["server_cpu_s"] * 1e6 / messages, abs=0.01), row
     if driver == "equeue":  # our own: send_async too, and produce/single sends with flush=sync
         for row in rows:
             if row.get("system") == "equeue" and row.get("workload") == "latency":
@@ -116,10 +121,74 @@ def test_ratio_table_has_a_row_per_comparison_and_a_column_per_peer(equeue_and_i
         assert row["equeue"] is not None and row["equeue"] > 0, row
         for peer in peers:
             assert row[peer] is not None and row[peer] > 0, (peer, row)
-    ratio_part = r.stdout.split("\nBounds of this machine")[0]  # the bounds' own table follows it
+    ratio_part = r.stdout.split("\nServer CPU per message")[0]  # the server CPU table follows it
     table = [line for line in ratio_part.splitlines() if line.startswith("|")]
     assert table[0].startswith("| EQueue vs peer") and table[0].count("|") == 3 + len(peers)
     assert len(table) == 2 + len(ratio_rows)
+
+
+def test_server_cpu_table_has_a_line_per_comparison(equeue_and_installed_peers):
+    """Under the ratio table, each system's server CPU per message for the same comparisons (a
+    latency comparison once): `peers-server-cpu` rows with the figures of the rows they come from,
+    and a printed table with a column per system. The loopback floor is not a peer: no column."""
+    r, rows, _ = equeue_and_installed_peers
+    found = [row for row in rows if row.get("bench") == "peers-server-cpu"]
+    labels = [row["workload"] for row in found]
+    assert len(labels) == len(set(labels))
+    assert "consume 100 B, default settings" in labels and "latency paced, sender sleeps" in labels
+    assert not any("p50" in label or "p99" in label for label in labels)
+    peers = [s for d in _installed_peers() for s in _systems(d)]
+    ours = {(row["workload"], row["mode"], row["size"], row.get("flush")): row for row in rows
+            if row.get("bench") == "peers" and row.get("system") == "equeue"}
+    consume = next(row for row in found if row["workload"] == "consume 100 B, default settings")
+    assert consume["equeue"] == ours[("consume", "drain", 100, "async")]["server_cpu_us_per_msg"]
+    for row in found:
+        assert row["equeue"] > 0, row
+        assert set(row) == {"bench", "workload", "equeue", *peers}, row
+        for peer in peers:
+            assert row[peer] is not None and row[peer] > 0, (peer, row)
+    part = r.stdout.split("\nServer CPU per message")[1].split("\nBounds of this machine")[0]
+    table = [line for line in part.splitlines() if line.startswith("|")]
+    assert table[0].count("|") == 3 + len(peers) and len(table) == 2 + len(found)
+
+
+def test_server_cpu_counts_the_process_tree():
+    """tree_cpu_seconds: the CPU of a process and of every live process under it (a server's
+    workers), from the threads' own nanosecond counters; None once the process is gone."""
+    from bench.peers.common import tree_cpu_seconds
+
+    burn = ("import os, sys, time\n"
+            "t = time.process_time()\n"
+            "while time.process_time() - t < 0.3: pass\n"
+            "print('burnt', flush=True)\n"
+            "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess, sys, time\n"
+                               f"c = subprocess.Popen([sys.executable, '-c', {burn!r}])\n"
+                               "print(c.pid, flush=True)\n"
+                               "c.wait()\n"],
+                              stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        deadline = time.monotonic() + 30
+        while (tree_cpu_seconds(child) or 0) < 0.29 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        own = tree_cpu_seconds(child)
+        assert own is not None and own >= 0.29
+        whole = tree_cpu_seconds(parent.pid)
+        assert whole is not None and whole >= own  # the child's CPU counts for its parent's tree
+    finally:
+        parent.kill()
+        parent.wait()
+        if child is not None:
+            try:
+                os.kill(child, 9)
+            except ProcessLookupError:
+                pass
+    assert tree_cpu_seconds(parent.pid) is None
+    assert tree_cpu_seconds(None) is None
 
 
 def test_loopback_floor_is_a_bound_under_the_table_not_a_peer_column(equeue_and_installed_peers):

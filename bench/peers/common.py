@@ -78,6 +78,53 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float, log: Path | Non
     raise RuntimeError(f"server did not listen on 127.0.0.1:{port} within {timeout:.0f} s")
 
 
+def tree_cpu_seconds(pid: int | None) -> float | None:
+    """CPU time of `pid` and every live process descended from it: each live thread's time on a
+    CPU in nanoseconds (/proc/<pid>/task/<tid>/schedstat; the 10 ms clock ticks of utime/stime are
+    too coarse for a row of 10k cheap messages), plus the user + system time of the children each
+    process reaped (cutime + cstime). None without a pid or once the process is gone. A server's
+    workers and helpers (RabbitMQ's beam.smp under its start script) count; a helper that
+    daemonized away from the tree does not, nor a thread that ended during the row."""
+    if pid is None:
+        return None
+    parent: dict[int, int] = {}
+    reaped: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        # after the command's ")": state, ppid, ..., utime (12th), stime, cutime, cstime
+        parent[int(entry)] = int(fields[1])
+        reaped[int(entry)] = int(fields[13]) + int(fields[14])
+    if pid not in parent:
+        return None
+    tree, todo = {pid}, [pid]
+    while todo:
+        p = todo.pop()
+        for child, ppid in parent.items():
+            if ppid == p and child not in tree:
+                tree.add(child)
+                todo.append(child)
+    total = 0.0
+    for p in tree:
+        total += reaped[p] / os.sysconf("SC_CLK_TCK")
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0]) / 1e9
+            except (OSError, ValueError, IndexError):
+                continue
+    return total
+
+
 class ServerProcess:
     """A peer server in its own process group (start_new_session), so stop() reaches every process
     it forks (Erlang's helpers, a shell wrapper's child). stop() is safe to call twice."""
@@ -100,6 +147,11 @@ class ServerProcess:
             self.stop()
             raise
         return self
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process (its process group's leader); None when not running."""
+        return None if self.proc is None else self.proc.pid
 
     def stop(self, timeout: float = 20.0) -> None:
         if self.proc is None:

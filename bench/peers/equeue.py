@@ -49,7 +49,8 @@ def server(tmp: Path, flush: str = "async") -> Iterator[dict]:
 
     b = BrokerProcess(tmp / f"equeue-{flush}", store="file", transport="tcp", flush=flush).start()
     try:
-        yield {"address": b.address, "offset_dir": str(tmp / f"equeue-{flush}-client-offsets")}
+        yield {"address": b.address, "offset_dir": str(tmp / f"equeue-{flush}-client-offsets"),
+               "server_pid": b.proc.pid}
     finally:
         b.stop()
 

@@ -60,7 +60,7 @@ def server(tmp: Path, flush: str = "async") -> Iterator[dict]:
     srv = ServerProcess([sys.executable, "-m", "bench.peers.loopback_floor", str(port), flush,
                          str(tmp / "floor.log.data")], tmp / "floor.log", cwd=ROOT).start(port)
     try:
-        yield {"port": port, "flush": flush}
+        yield {"port": port, "flush": flush, "server_pid": srv.pid}
     finally:
         srv.stop()
 

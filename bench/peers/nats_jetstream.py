@@ -47,7 +47,7 @@ def server(tmp: Path) -> Iterator[dict]:
     srv = ServerProcess(["nats-server", "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(tmp / "js")],
                         tmp / "nats.log", cwd=tmp).start(port)
     try:
-        yield {"port": port}
+        yield {"port": port, "server_pid": srv.pid}
     finally:
         srv.stop()
 

@@ -80,7 +80,7 @@ def server(tmp: Path) -> Iterator[dict]:
     try:
         srv = ServerProcess([_server_script()], tmp / "rabbitmq.log", env=env, cwd=tmp).start(amqp, timeout=120)
         try:
-            yield {"port": amqp}
+            yield {"port": amqp, "server_pid": srv.pid}
         finally:
             srv.stop(timeout=30)
     finally:

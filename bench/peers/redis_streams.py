@@ -47,7 +47,7 @@ def server(tmp: Path) -> Iterator[dict]:
                          "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
                          "--daemonize", "no", "--logfile", ""], tmp / "redis.log", cwd=tmp).start(port)
     try:
-        yield {"port": port}
+        yield {"port": port, "server_pid": srv.pid}
     finally:
         srv.stop()
 

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.peers.common import emit, run_latency, run_role
+from bench.peers.common import emit, run_latency, run_role, tree_cpu_seconds
 
 DRIVERS = ["equeue", "redis_streams", "nats_jetstream", "rabbitmq", "loopback_floor"]
 REFERENCE = "equeue"
@@ -81,6 +81,19 @@ def _ratio_specs() -> list[tuple[str, tuple, tuple, bool]]:
             specs.append((label.replace("latency p99 paced", "latency p99 from the slot, paced"),
                           (*our_key[:4], "due_p99_ms"), (*peer_key[:4], "due_p99_ms"), lower_better))
     return specs
+
+
+def server_cpu(before: float | None, after: float | None, row: dict) -> dict:
+    """The server's CPU during a row (`server_cpu_s`, its process tree from the role's start to its
+    end: client start-up, warm-up and idle time included) and per message of the row
+    (`server_cpu_us_per_msg`): what each system's server pays for a message, the figure that says
+    why one is faster than another and that moves less than a rate with the machine's load. Empty
+    when the server's pid is unknown or it was gone."""
+    messages = row.get("sent") or row.get("count")
+    if before is None or after is None or not messages:
+        return {}
+    return {"server_cpu_s": round(after - before, 6),
+            "server_cpu_us_per_msg": round((after - before) * 1e6 / messages, 2)}
 
 
 def behind_pace(row: dict | None) -> bool:
@@ -148,6 +161,43 @@ def print_table(peers: list[str], table: Table, rows: list[dict]) -> None:
     sys.stdout.flush()
 
 
+def server_cpu_table(rows: list[dict]) -> list[dict]:
+    """Per comparison of the ratio table (a latency comparison once, not per statistic), the
+    server CPU per message of EQueue's row and of each peer's: rows `"bench": "peers-server-cpu"`."""
+    by_system: dict[str, dict[tuple, float]] = {}  # in the order the systems ran (the ratio table's)
+    for r in rows:
+        if r.get("bench") == "peers" and "server_cpu_us_per_msg" in r and r.get("system") != FLOOR:
+            by_system.setdefault(r["system"], {})[_key(r)] = r["server_cpu_us_per_msg"]
+    ours = by_system.get(REFERENCE, {})
+    out, seen = [], set()
+    for label, our_key, peer_key, _ in _ratio_specs():
+        if len(our_key) > 4 and our_key[4] != "p50_ms":
+            continue  # one line per latency row pair
+        if (our_key[:4], peer_key[:4]) in seen:
+            continue
+        seen.add((our_key[:4], peer_key[:4]))
+        label = label.replace("latency p50 paced", "latency paced").replace(" (peer / EQueue)", "")
+        out.append({"bench": "peers-server-cpu", "workload": label, REFERENCE: ours.get(our_key[:4]),
+                    **{s: v.get(peer_key[:4]) for s, v in by_system.items() if s != REFERENCE}})
+    return out
+
+
+def print_server_cpu(found: list[dict]) -> None:
+    systems = [k for k in (found[0] if found else {}) if k not in ("bench", "workload", REFERENCE)]
+    if not found or all(row.get(REFERENCE) is None for row in found):
+        return
+    print()
+    print("Server CPU per message, microseconds (the server's processes during the row, start-up and idle "
+          "time included; lower is cheaper)")
+    print()
+    print("| " + " | ".join(["workload", "EQueue", *systems]) + " |")
+    print("|---|---:|" + "---:|" * len(systems))
+    for row in found:
+        cells = ["n/a" if row.get(s) is None else f"{row[s]:.1f}" for s in (REFERENCE, *systems)]
+        print("| " + " | ".join([row["workload"], *cells]) + " |")
+    sys.stdout.flush()
+
+
 def bounds(rows: list[dict]) -> list[dict]:
     """Per flush mode, the loopback floor's single sends against Redis's and EQueue's: how far
     this machine lets a Python broker and client go (bench/peers/loopback_floor.py). Empty when
@@ -198,10 +248,13 @@ def run_system(driver: str, mod, system: str, info: dict, opts: dict, args: argp
 
     def record(extra: dict, fn, *fn_args) -> dict | None:
         row = {**base, **extra}
+        cpu = tree_cpu_seconds(info.get("server_pid"))
         try:
             row.update(fn(*fn_args))
         except Exception as e:  # a failed workload is a row with its error, and the run goes on
             row["error"] = str(e).strip().splitlines()[-1][:300] if str(e).strip() else repr(e)
+        else:
+            row.update(server_cpu(cpu, tree_cpu_seconds(info.get("server_pid")), row))
         rows.append(row)
         emit(row)
         return row if "error" not in row else None
@@ -282,6 +335,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     for label, ours, cells, _ in table:
         emit({"bench": "peers-ratio", "workload": label, "equeue": ours, **cells})
     print_table(peers, table, rows)
+    cpu = server_cpu_table(rows)
+    for row in cpu:
+        emit(row)
+    print_server_cpu(cpu)
     found = bounds(rows)
     for bound in found:
         emit(bound)
