@@ -151,6 +151,11 @@ class HandlerPool:
         return len(expired)
 
     @property
+    def idle_workers(self) -> int:
+        """Worker threads asleep waiting for a queue (read without the lock: a moment stale)."""
+        return len(self._sleepers)
+
+    @property
     def busy(self) -> bool:
         """A batch runs or waits for a thread, or a thread is still stuck in an expired batch."""
         return self._slots > 0 or self._stuck > 0
