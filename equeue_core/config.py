@@ -34,6 +34,7 @@ class Config:
     default_queues: int = 4
     auto_create_topics: bool = True
     long_poll_ms: int = 15000
+    busy_poll_us: int = 50  # after a request, poll the sockets this long before sleeping (broker/busy_poll.py)
     pull_batch: int = 32
     pull_max_bytes: int = 4 * MiB
     offset_persist_ms: int = 5000
@@ -149,6 +150,8 @@ def validate(cfg: Config) -> Config:
                  "long_poll_ms", "pull_batch", "offset_persist_ms"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"config {name}: must be positive, got {getattr(cfg, name)}")
+    if not 0 <= cfg.busy_poll_us <= 10_000:
+        raise ConfigError(f"config busy_poll_us: {cfg.busy_poll_us} must be 0 (off) to 10000")
     if cfg.max_body_size >= cfg.max_frame_size:
         raise ConfigError("config max_body_size must be smaller than max_frame_size")
     if cfg.default_queues > 1024:

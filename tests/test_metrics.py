@@ -119,6 +119,12 @@ def test_broker_stats_request_gives_the_same_figures_as_the_endpoint(metrics_bro
     assert sum(stats["latency"]["gc"]["counts"]) <= value(m["equeue_gc_pause_seconds"],
                                                           "equeue_gc_pause_seconds_count")
     assert len([x for x in m["equeue_gc_pause_seconds"] if x.name == "equeue_gc_pause_seconds_bucket"]) == 17
+    # busy polling: the same counters, which only grow (the scrape came after the stats)
+    busy = stats["busy_poll"]
+    assert busy["window_us"] == 50 and busy["spins"] >= 1
+    assert busy["caught"] <= value(m["equeue_busy_poll_caught"], "equeue_busy_poll_caught_total")
+    assert busy["missed"] <= value(m["equeue_busy_poll_missed"], "equeue_busy_poll_missed_total")
+    assert busy["spin_seconds"] <= value(m["equeue_busy_poll_seconds"], "equeue_busy_poll_seconds_total")
 
 
 def test_gc_pauses_are_timed_in_every_collection_until_stopped():

@@ -18,6 +18,7 @@ from typing import Any
 
 from equeue_core import frame as framing
 from equeue_core import msgid, record
+from equeue_core.broker.busy_poll import BusyPoll
 from equeue_core.broker.groups import GroupRegistry
 from equeue_core.broker.long_poll import HeldPull, LateAnswer, PullHold
 from equeue_core.broker.metrics import BrokerMetrics
@@ -89,6 +90,7 @@ class Broker:
         self.id_prefix = ""
         self.started = asyncio.Event()
         self.stats = {"received": 0, "pulled": 0}
+        self.busy_poll = BusyPoll(None, 0.0)  # off until start() has the loop
         self.registrar = None  # a BrokerRegistrar when config.nameserver names a cluster's name servers
         self.access = None  # an AccessGate when an authorizer is configured (docs/security.md)
         self.replication: Replication | None = None  # master/replica role (docs/replication.md)
@@ -124,6 +126,7 @@ class Broker:
         self._register_handlers()
         self.access = access_gate(cfg, self.plugins)
         self.metrics_address = self.metrics.start(cfg.metrics_host, cfg.metrics_port)
+        self.busy_poll = BusyPoll(asyncio.get_running_loop(), cfg.busy_poll_us / 1e6)
         self._server = await transport.serve(cfg.host, cfg.port, self, tsettings)
         self.address = tuple(self._server.address)[:2]  # type: ignore[assignment]
         self.id_prefix = msgid.encode_prefix(*self.address)
@@ -242,6 +245,7 @@ class Broker:
     def _admit(self, conn: ServerConnection, frame: Frame, handler: Handler | None) -> None:
         """What every request passes before its handler: a known code, a map header, the
         access check, and on a replica no writes."""
+        self.busy_poll.poke()
         if handler is None:
             raise UnknownRequestError(f"unknown request code {frame.code}")
         if not isinstance(frame.header, dict):

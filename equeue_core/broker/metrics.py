@@ -191,6 +191,7 @@ class BrokerMetrics:
                        for t in topics},
             "groups": self.group_lag(),
             "held_pulls": b.hold.held,
+            "busy_poll": b.busy_poll.snapshot(),
             "connections": None if connections is None else len(connections),
             "scheduled": b.scheduler.pending,
             "retention_released_bytes": b.retention.released,

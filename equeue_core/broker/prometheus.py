@@ -68,6 +68,13 @@ def families(snap: dict[str, Any]) -> Iterator[Metric]:
 
     yield GaugeMetricFamily("equeue_held_pulls", "Pull requests parked until a message arrives (long polling).",
                             value=snap["held_pulls"])
+    busy = snap["busy_poll"]
+    yield CounterMetricFamily("equeue_busy_poll_caught", "Requests that arrived while the event loop busy-polled "
+                              "after the one before (busy_poll_us).", value=busy["caught"])
+    yield CounterMetricFamily("equeue_busy_poll_missed", "Busy-polling windows that ran out with no request.",
+                              value=busy["missed"])
+    yield CounterMetricFamily("equeue_busy_poll_seconds", "Time the event loop spent busy-polling (at most the CPU "
+                              "it cost: it yields the CPU every turn).", value=busy["spin_seconds"])
     if snap["connections"] is not None:
         yield GaugeMetricFamily("equeue_connections", "Open client connections.", value=snap["connections"])
 

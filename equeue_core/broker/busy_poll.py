@@ -1,0 +1,98 @@
+"""BusyPoll: after a request, the broker's event loop keeps polling its sockets for a short window
+(`busy_poll_us`) instead of going to sleep in epoll_wait, for as long as that catches requests.
+
+Why: on a virtual machine an idle vCPU halts at once, and a request to a broker whose loop sleeps
+must first bring its vCPU back (~40 us on the VM of docs/benchmarks.md, where `haltpoll`'s
+`guest_halt_poll_ns` is 0), then runs on cold caches. A client that sends one request after
+another (`Producer.send` in a loop, a request/reply service) pays that on every request. The
+client's answer spin (plugins/transport_tcp/blocking.py) keeps the client's vCPU out of halt; this
+keeps the broker's. Single sends went from 13-17k/s to 25-34k/s with a 60 us window on that VM
+("Busy polling", docs/benchmarks.md).
+
+How: a callback that queues itself again with `call_soon` while the window is open. With a
+callback ready the event loop polls with a zero timeout, so each turn is one non-blocking
+epoll_wait that takes whatever arrived, then the callback, which yields the vCPU (sched_yield) to
+any thread or process waiting for it: the spin uses a vCPU nobody else wants, and a request or
+another broker thread never waits behind it.
+
+When: only while it pays. A request that arrives while the loop spins is a catch (one credit, up
+to CREDIT_MAX); a window that runs out with nothing is a miss (MISS_COST credits). At zero credit
+the broker stops spinning and tries again after RETRY_AFTER requests. A client that sends back to
+back keeps it on; a paced stream with gaps longer than the window, or a broker waiting on its
+disk (flush=sync), turns it off after a few misses, so it costs them about one window every
+RETRY_AFTER requests. A window of 0 turns it off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+CREDIT_MAX = 16
+MISS_COST = 4
+RETRY_AFTER = 64
+
+
+class BusyPoll:
+    """The broker's busy polling (see the module docstring). `poke()` on every request, on the
+    loop thread; `window_s` 0 makes it do nothing."""
+
+    __slots__ = ("_loop", "window", "_until", "_started", "_spinning", "credit", "_rest",
+                 "spins", "caught", "missed", "spin_s", "_clock", "_give_way")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None, window_s: float) -> None:
+        """`loop`: the broker's event loop (None only with a window of 0: off)."""
+        self._loop = loop
+        self.window = max(0.0, window_s) if loop is not None else 0.0
+        self._until = 0.0
+        self._started = 0.0
+        self._spinning = False
+        self.credit = CREDIT_MAX
+        self._rest = 0  # requests seen since the credit ran out
+        self.spins = 0  # windows opened
+        self.caught = 0  # requests that came while the loop spun
+        self.missed = 0  # windows that ran out
+        self.spin_s = 0.0  # time spent spinning (an upper bound of the CPU it cost)
+        self._clock = time.perf_counter
+        self._give_way = os.sched_yield
+
+    def poke(self) -> None:
+        """A request arrived: keep (or start) polling for `window` from now, credit allowing."""
+        if not self.window:
+            return
+        now = self._clock()
+        if self._spinning:
+            self._until = now + self.window
+            self.caught += 1
+            if self.credit < CREDIT_MAX:
+                self.credit += 1
+            return
+        if self.credit <= 0:
+            self._rest += 1
+            if self._rest < RETRY_AFTER:
+                return
+            self._rest = 0
+            self.credit = 1
+        self._spinning = True
+        self._until = now + self.window
+        self._started = now
+        self.spins += 1
+        self._loop.call_soon(self._turn)  # type: ignore[union-attr]
+
+    def _turn(self) -> None:
+        now = self._clock()
+        if now < self._until:
+            self._give_way()
+            self._loop.call_soon(self._turn)  # type: ignore[union-attr]
+            return
+        self._spinning = False
+        self.missed += 1
+        self.credit -= MISS_COST
+        self.spin_s += now - self._started
+
+    def snapshot(self) -> dict[str, Any]:
+        """For BROKER_STATS: the window, and how spinning went since the start."""
+        return {"window_us": round(self.window * 1e6), "spins": self.spins, "caught": self.caught,
+                "missed": self.missed, "spin_seconds": round(self.spin_s, 6), "credit": self.credit}
