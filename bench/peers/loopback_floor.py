@@ -10,7 +10,8 @@ does over a blocking connection when it sends back to back: one `sendall` of the
 the vCPU between them) for up to the tcp plugin's ANSWER_SPIN_S (not with flush=sync, whose
 answers come after an fsync: our client stops spinning there), then `recv_into` until the whole
 answer is there. Requests and answers have the sizes of EQueue's SEND frame for a 100 B message
-and its answer.
+and its answer. Between requests the server waits as the broker does: it busy-polls after each
+read (equeue_core/broker/busy_poll.py, at the broker's default `busy_poll_us`) before it sleeps.
 
 A Python broker and a Python client doing real work cannot beat this round trip, so on this
 machine EQueue's single sends reach at most `floor / Redis` times Redis's (bench/peers/run.py
@@ -109,8 +110,12 @@ def serve(port: int, flush: str, path: str) -> None:
 
     import uvloop
 
+    from equeue_core.broker.busy_poll import BusyPoll
+    from equeue_core.config import Config
+
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if flush == "sync" else -1
     file = {"end": 0, "length": 0}
+    busy: list[BusyPoll] = []  # the broker's busy polling at its default window (set in main)
 
     class Floor(asyncio.BufferedProtocol):
         def connection_made(self, transport) -> None:  # type: ignore[override]
@@ -128,6 +133,7 @@ def serve(port: int, flush: str, path: str) -> None:
             return memoryview(self.buf)[self.end:]
 
         def buffer_updated(self, nbytes: int) -> None:
+            busy[0].poke()
             self.end += nbytes
             start = 0
             while self.end - start >= LENGTH.size:
@@ -152,6 +158,7 @@ def serve(port: int, flush: str, path: str) -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
+        busy.append(BusyPoll(loop, Config().busy_poll_us / 1e6))
         srv = await loop.create_server(Floor, "127.0.0.1", port)
         await stop.wait()
         srv.close()
