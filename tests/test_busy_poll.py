@@ -12,10 +12,11 @@ import time
 
 import pytest
 
-from equeue_core.broker.busy_poll import CREDIT_MAX, MISS_COST, RETRY_AFTER, BusyPoll
+from equeue_core.broker.busy_poll import BusyPoll
 from equeue_core.client import AdminClient, Message, Producer
 from equeue_core.config import Config, validate
 from equeue_core.errors import ConfigError
+from equeue_core.spin_credit import CREDIT_MAX, MISS_COST, RETRY_AFTER
 from tests.helpers.broker import BrokerProcess
 
 
@@ -46,14 +47,14 @@ def test_a_request_keeps_the_loop_turning_for_the_window_then_it_is_a_miss():
     assert took >= 0.02
     assert turns > 1  # the loop went round and round (a turn is one non-blocking poll)
     assert (poll.spins, poll.caught, poll.missed) == (1, 0, 1)
-    assert poll.credit == CREDIT_MAX - MISS_COST
+    assert poll.spin_credit.credit == CREDIT_MAX - MISS_COST
     assert poll.spin_s >= 0.02
 
 
 def test_requests_during_a_spin_are_caught_and_keep_it_open():
     async def main():
         poll = BusyPoll(asyncio.get_running_loop(), 0.05)
-        poll.credit = 3
+        poll.spin_credit.credit = 3
         poll.poke()
         for _ in range(5):  # well inside each new window
             await asyncio.sleep(0.005)
@@ -67,7 +68,7 @@ def test_requests_during_a_spin_are_caught_and_keep_it_open():
 
     poll = asyncio.run(main())
     assert (poll.spins, poll.caught, poll.missed) == (1, 5, 1)
-    assert poll.credit == 3 + 5 - MISS_COST
+    assert poll.spin_credit.credit == 3 + 5 - MISS_COST
 
 
 def test_misses_turn_it_off_and_it_tries_again_after_retry_after_requests():
@@ -77,7 +78,7 @@ def test_misses_turn_it_off_and_it_tries_again_after_retry_after_requests():
             poll.poke()
             while poll._spinning:
                 await asyncio.sleep(0)
-        assert poll.credit == 0 and poll.spins == CREDIT_MAX // MISS_COST
+        assert poll.spin_credit.credit == 0 and poll.spins == CREDIT_MAX // MISS_COST
         for _ in range(RETRY_AFTER - 1):
             poll.poke()  # off: no window opens
             await asyncio.sleep(0)
@@ -89,7 +90,7 @@ def test_misses_turn_it_off_and_it_tries_again_after_retry_after_requests():
         return poll
 
     poll = asyncio.run(main())
-    assert poll.credit == 1 - MISS_COST
+    assert poll.spin_credit.credit == 1 - MISS_COST
 
 
 def test_a_window_of_zero_never_spins():

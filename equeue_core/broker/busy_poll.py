@@ -15,10 +15,10 @@ epoll_wait that takes whatever arrived, then the callback, which yields the vCPU
 any thread or process waiting for it: the spin uses a vCPU nobody else wants, and a request or
 another broker thread never waits behind it.
 
-When: only while it pays. A request that arrives while the loop spins is a catch (one credit, up
-to CREDIT_MAX); a window that runs out with nothing is a miss (MISS_COST credits). At zero credit
-the broker stops spinning and tries again after RETRY_AFTER requests. A client that sends back to
-back keeps it on; a paced stream with gaps longer than the window, or a broker waiting on its
+When: only while it pays (equeue_core/spin_credit.py). A request that arrives while the loop
+spins is a catch (one credit, up to CREDIT_MAX); a window that runs out with nothing is a miss
+(MISS_COST credits). At zero credit the broker stops spinning and tries again after RETRY_AFTER
+requests. A client that sends back to back keeps it on; a paced stream with gaps longer than the window, or a broker waiting on its
 disk (flush=sync), turns it off after a few misses, so it costs them about one window every
 RETRY_AFTER requests. A window of 0 turns it off.
 """
@@ -30,16 +30,14 @@ import os
 import time
 from typing import Any
 
-CREDIT_MAX = 16
-MISS_COST = 4
-RETRY_AFTER = 64
+from equeue_core.spin_credit import SpinCredit
 
 
 class BusyPoll:
     """The broker's busy polling (see the module docstring). `poke()` on every request, on the
     loop thread; `window_s` 0 makes it do nothing."""
 
-    __slots__ = ("_loop", "window", "_until", "_started", "_spinning", "credit", "_rest",
+    __slots__ = ("_loop", "window", "_until", "_started", "_spinning", "spin_credit",
                  "spins", "caught", "missed", "spin_s", "_clock", "_give_way")
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None, window_s: float) -> None:
@@ -49,8 +47,7 @@ class BusyPoll:
         self._until = 0.0
         self._started = 0.0
         self._spinning = False
-        self.credit = CREDIT_MAX
-        self._rest = 0  # requests seen since the credit ran out
+        self.spin_credit = SpinCredit()
         self.spins = 0  # windows opened
         self.caught = 0  # requests that came while the loop spun
         self.missed = 0  # windows that ran out
@@ -66,15 +63,10 @@ class BusyPoll:
         if self._spinning:
             self._until = now + self.window
             self.caught += 1
-            if self.credit < CREDIT_MAX:
-                self.credit += 1
+            self.spin_credit.caught()
             return
-        if self.credit <= 0:
-            self._rest += 1
-            if self._rest < RETRY_AFTER:
-                return
-            self._rest = 0
-            self.credit = 1
+        if not self.spin_credit.allows():
+            return
         self._spinning = True
         self._until = now + self.window
         self._started = now
@@ -89,10 +81,10 @@ class BusyPoll:
             return
         self._spinning = False
         self.missed += 1
-        self.credit -= MISS_COST
+        self.spin_credit.missed()
         self.spin_s += now - self._started
 
     def snapshot(self) -> dict[str, Any]:
         """For BROKER_STATS: the window, and how spinning went since the start."""
         return {"window_us": round(self.window * 1e6), "spins": self.spins, "caught": self.caught,
-                "missed": self.missed, "spin_seconds": round(self.spin_s, 6), "credit": self.credit}
+                "missed": self.missed, "spin_seconds": round(self.spin_s, 6), "credit": self.spin_credit.credit}

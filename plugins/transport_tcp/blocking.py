@@ -41,6 +41,7 @@ from collections.abc import Callable
 from equeue_plugins.transport_tcp.server import tune_socket
 
 from equeue_core import frame as wire
+from equeue_core import spin_credit
 from equeue_core.contracts import TransportSettings
 from equeue_core.errors import ConnectionLostError, EQueueError, RequestTimeoutError, TransportError
 
@@ -72,13 +73,13 @@ SPIN_STREAK = 16
 # is when the broker and the consumers need the CPU most: without the yield its push Consumer's
 # p99 went from 0.5-0.7 to 1.0-2.0 ms. A spinning thread that yields still keeps its vCPU out of
 # halt when nobody else wants it, which is all the spin is for.
-# The spin only pays while answers come within it: each caught answer earns a credit (up to
-# SPIN_CREDIT_MAX), each miss costs SPIN_MISS_COST, and at zero the connection stops spinning and
-# tries again after SPIN_RETRY_AFTER requests. A server that answers slowly (flush=sync, a far
-# host) costs one spin in SPIN_RETRY_AFTER requests, not one per request.
-SPIN_CREDIT_MAX = 16
-SPIN_MISS_COST = 4
-SPIN_RETRY_AFTER = 64
+# The spin only pays while answers come within it (equeue_core/spin_credit.py): each caught
+# answer earns a credit (up to SPIN_CREDIT_MAX), each miss costs SPIN_MISS_COST, and at zero the
+# connection stops spinning and tries again after SPIN_RETRY_AFTER requests. A server that answers
+# slowly (flush=sync, a far host) costs one spin in SPIN_RETRY_AFTER requests, not one per request.
+SPIN_CREDIT_MAX = spin_credit.CREDIT_MAX
+SPIN_MISS_COST = spin_credit.MISS_COST
+SPIN_RETRY_AFTER = spin_credit.RETRY_AFTER
 
 
 def peeked(sock: socket.socket, buf: bytearray) -> Callable[[], bool]:
@@ -143,8 +144,7 @@ class BlockingTcpConnection:
         self._rview = memoryview(self._rbuf)
         self._used = 0.0  # time.monotonic() of the last response
         self._arrived: Callable[[], bool] = bool  # the spin's check of this socket (made at connect)
-        self._spin_credit = SPIN_CREDIT_MAX  # see ANSWER_SPIN_S
-        self._spin_rest = 0  # requests since spinning stopped
+        self._spin_credit = spin_credit.SpinCredit()  # see ANSWER_SPIN_S
         self._answered = 0.0  # time.perf_counter() when the last answer was read
         self._streak = 0  # requests in a row that came within SPIN_AFTER_S of the last answer
         self.spins_caught = 0  # answers that arrived while the caller spun
@@ -266,19 +266,15 @@ class BlockingTcpConnection:
         if self._streak < SPIN_STREAK:
             self._streak += 1
             return
-        if self._spin_credit <= 0:
-            self._spin_rest += 1
-            if self._spin_rest < SPIN_RETRY_AFTER:
-                return
-            self._spin_rest = 0
-            self._spin_credit = 1
+        credit = self._spin_credit
+        if not credit.allows():
+            return
         if spin_until(self._arrived, ANSWER_SPIN_S):
             self.spins_caught += 1
-            if self._spin_credit < SPIN_CREDIT_MAX:
-                self._spin_credit += 1
+            credit.caught()
         else:
             self.spins_missed += 1
-            self._spin_credit -= SPIN_MISS_COST
+            credit.missed()
 
     def _set_timeout(self, sock: socket.socket, timeout: float) -> None:
         """A plain socket stays in blocking mode with kernel timeouts (SO_RCVTIMEO/SO_SNDTIMEO), so
