@@ -6,8 +6,8 @@ must first bring its vCPU back (~40 us on the VM of docs/benchmarks.md, where `h
 `guest_halt_poll_ns` is 0), then runs on cold caches. A client that sends one request after
 another (`Producer.send` in a loop, a request/reply service) pays that on every request. The
 client's answer spin (plugins/transport_tcp/blocking.py) keeps the client's vCPU out of halt; this
-keeps the broker's. Single sends went from 13-17k/s to 25-34k/s with a 60 us window on that VM
-("Busy polling", docs/benchmarks.md).
+keeps the broker's. Single sends went from 14.7-20.3k/s to 27.7-33.7k/s on that VM, and the
+broker spent less CPU a send, not more ("Busy polling", docs/benchmarks.md).
 
 How: a callback that queues itself again with `call_soon` while the window is open. With a
 callback ready the event loop polls with a zero timeout, so each turn is one non-blocking
@@ -18,9 +18,9 @@ another broker thread never waits behind it.
 When: only while it pays (equeue_core/spin_credit.py). A request that arrives while the loop
 spins is a catch (one credit, up to CREDIT_MAX); a window that runs out with nothing is a miss
 (MISS_COST credits). At zero credit the broker stops spinning and tries again after RETRY_AFTER
-requests. A client that sends back to back keeps it on; a paced stream with gaps longer than the window, or a broker waiting on its
-disk (flush=sync), turns it off after a few misses, so it costs them about one window every
-RETRY_AFTER requests. A window of 0 turns it off.
+requests. A client that sends back to back keeps it on; a paced stream with gaps longer than the
+window, or a broker waiting on its disk (flush=sync), turns it off after a few misses, so it
+costs them about one window every RETRY_AFTER requests. A window of 0 turns it off.
 """
 
 from __future__ import annotations
