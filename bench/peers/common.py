@@ -87,7 +87,7 @@ def tree_cpu_seconds(pid: int | None) -> float | None:
     daemonized away from the tree does not, nor a thread that ended during the row."""
     if pid is None:
         return None
-    parent: dict[int, int] = {}
+    children: dict[int, list[int]] = {}
     reaped: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -98,20 +98,17 @@ def tree_cpu_seconds(pid: int | None) -> float | None:
         except OSError:  # exited meanwhile
             continue
         # after the command's ")": state, ppid, ..., utime (12th), stime, cutime, cstime
-        parent[int(entry)] = int(fields[1])
+        children.setdefault(int(fields[1]), []).append(int(entry))
         reaped[int(entry)] = int(fields[13]) + int(fields[14])
-    if pid not in parent:
+    if pid not in reaped:
         return None
-    tree, todo = {pid}, [pid]
+    tree, todo = [pid], [pid]
     while todo:
-        p = todo.pop()
-        for child, ppid in parent.items():
-            if ppid == p and child not in tree:
-                tree.add(child)
-                todo.append(child)
-    total = 0.0
+        found = children.get(todo.pop(), [])
+        tree += found
+        todo += found
+    total = sum(reaped[p] for p in tree) / os.sysconf("SC_CLK_TCK")
     for p in tree:
-        total += reaped[p] / os.sysconf("SC_CLK_TCK")
         try:
             tids = os.listdir(f"/proc/{p}/task")
         except OSError:
