@@ -56,7 +56,11 @@ def session_certs() -> Certs:
     what a broker started on the `tls` transport serves when its test gives no certificates."""
     global _session
     if _session is None:
+        import atexit
+        import shutil
         import tempfile
 
-        _session = make_certs(Path(tempfile.mkdtemp(prefix="equeue-test-certs-")))
+        d = Path(tempfile.mkdtemp(prefix="equeue-test-certs-"))
+        atexit.register(shutil.rmtree, d, True)
+        _session = make_certs(d)
     return _session

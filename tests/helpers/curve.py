@@ -36,9 +36,13 @@ def session_curve_keys() -> CurveKeys:
     started on the `zmq+curve` test transport serves when its test gives no keys."""
     global _session
     if _session is None:
+        import atexit
+        import shutil
         import tempfile
 
-        _session = make_curve_keys(Path(tempfile.mkdtemp(prefix="equeue-test-curve-")))
+        d = Path(tempfile.mkdtemp(prefix="equeue-test-curve-"))
+        atexit.register(shutil.rmtree, d, True)
+        _session = make_curve_keys(d)
     return _session
 
 
