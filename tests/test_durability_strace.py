@@ -3,11 +3,14 @@ fsync that covers its bytes, and concurrent sends share fsyncs (group commit) on
 fsync is slow (strace delays each one's return).
 
 `kill -9` cannot show this (the page cache survives it), so the broker runs under strace and the
-test reads the system calls: which file each descriptor is (openat/close; sockets from accept),
-where each commit-log write lands (the chunk's start position, from its file name, plus the
-bytes written to that descriptor so far), when each fdatasync/fsync started and ended, and which
-socket write carries each SEND response (frame head: magic 0xEB, version 1, code 1, RESPONSE set;
-equeue_core/frame.py). A response is durable if an fsync of the chunk holding its last record
+test reads the system calls: which descriptor is a commit-log chunk (openat/close), where each
+commit-log write lands (the chunk's start position, from its file name, plus the bytes written to
+that descriptor so far), when each fdatasync/fsync started and ended, and which write carries each
+SEND response (frame head: magic 0xEB, version 1, code 1, RESPONSE set; equeue_core/frame.py).
+Responses are found by their frame heads in every write that is not to a chunk, not by following
+sockets from accept: strace logs concurrent threads' calls in the order it collects them, so a
+store thread's close(N) can be logged after the loop's accept that got N back (one CI run lost a
+whole connection's 200 responses that way). A response is durable if an fsync of the chunk holding its last record
 started after the write of that record ended and ended before the response was written.
 
 Only the file store is traced. LMDB (pwrite + fdatasync of data.mdb inside its commit) and
@@ -159,7 +162,6 @@ def test_sync_flush_answers_a_send_only_after_an_fsync_that_covers_it(tmp_path, 
     calls = parse(trace)
     chunk_of: dict[int, int] = {}  # fd -> chunk start position, while open
     written: dict[int, int] = {}  # fd -> bytes written so far
-    sockets: set[int] = set()
     writes: list[tuple[int, int, int, float]] = []  # (chunk start, from, to, end time) of log writes
     syncs: list[tuple[int, float, float]] = []  # (chunk start, start, end) of log fsyncs
     responses: list[tuple[int, float]] = []  # (last position, start time) of SEND responses
@@ -168,17 +170,13 @@ def test_sync_flush_answers_a_send_only_after_an_fsync_that_covers_it(tmp_path, 
             names = HEX.findall(c.args)
             path = unhex(names[0]).decode(errors="replace") if names else ""
             chunk_of.pop(c.result, None)
-            sockets.discard(c.result)
             if "/commitlog/" in path and path.rsplit("/", 1)[-1].isdigit():
                 chunk_of[c.result] = int(path.rsplit("/", 1)[-1])
                 written[c.result] = 0
         elif c.name in ("accept", "accept4") and c.result >= 0:
-            sockets.add(c.result)
             chunk_of.pop(c.result, None)
         elif c.name == "close":
-            fd = fd_of(c)
-            chunk_of.pop(fd, None)
-            sockets.discard(fd)
+            chunk_of.pop(fd_of(c), None)
         elif c.name in ("fsync", "fdatasync") and c.result == 0 and fd_of(c) in chunk_of:
             syncs.append((chunk_of[fd_of(c)], c.start, c.end))
         elif c.name in ("write", "pwrite64", "writev", "sendto", "sendmsg") and c.result > 0:
@@ -187,7 +185,7 @@ def test_sync_flush_answers_a_send_only_after_an_fsync_that_covers_it(tmp_path, 
                 base = chunk_of[fd] + written[fd]
                 writes.append((chunk_of[fd], base, base + c.result, c.end))
                 written[fd] += c.result
-            elif fd in sockets:
+            else:  # a socket, or another file: only SEND response frames count
                 buf = b"".join(unhex(s) for s in HEX.findall(c.args))
                 responses.extend((pos, c.start) for pos in send_responses(buf))
 
