@@ -4,9 +4,20 @@ sender back is counted from the slot although the stamp taken after it hides it.
 
 from __future__ import annotations
 
+import struct
 import time
 
-from bench.peers.common import STAMP_BYTES, Latencies, Pace, paced, stamp, warmup_body
+from bench.peers.common import (
+    EPISODE_GAP_MS,
+    SLOW_MS,
+    STAMP_BYTES,
+    Latencies,
+    Pace,
+    episodes,
+    paced,
+    stamp,
+    warmup_body,
+)
 
 
 def test_a_message_sent_late_counts_its_wait_from_the_slot_not_from_its_stamp():
@@ -40,6 +51,48 @@ def test_the_summary_gives_each_percentile_from_the_stamp_and_from_the_slot():
     assert row["count"] == 4
     assert row["max_ms"] < 10 <= row["due_max_ms"]
     assert set(row) >= {"p50_ms", "p99_ms", "due_p50_ms", "due_p99_ms", "due_max_ms"}
+
+
+def test_episodes_are_runs_of_stamps_close_to_the_one_before():
+    ms = 1_000_000
+    assert episodes([]) == []
+    assert episodes([0]) == [1]
+    # out of order on purpose; exactly 5 ms apart is still one run, a nanosecond more is not
+    stamps = [100 * ms, 0, 2 * ms, 7 * ms, 12 * ms + 1, 101 * ms, 500 * ms]
+    assert episodes(stamps, gap_ms=5.0) == [3, 1, 2, 1]
+    assert episodes(stamps, gap_ms=0.5) == [1, 1, 1, 1, 1, 1, 1]
+
+
+def test_the_summary_counts_slow_messages_and_the_episodes_they_came_in():
+    """Six messages late together (a stall) and one late on its own: 7 slow messages in 2
+    episodes, the largest of 6; messages under SLOW_MS do not count."""
+    lat = Latencies()
+    now = time.time_ns()
+    ms = 1_000_000
+    late = 3 * ms
+    stall = now - 200 * ms
+    assert EPISODE_GAP_MS > 0.5  # so the stall's stamps, 0.5 ms apart, make one episode
+    for i in range(6):  # stamped 0.5 ms apart, each received 3 ms later
+        t = stall + i * ms // 2
+        lat.add(_body(t), now=t + late)
+    lone = now - 50 * ms
+    lat.add(_body(lone), now=lone + late)
+    for i in range(50):  # on time
+        t = now - 100 * ms + i * ms
+        lat.add(_body(t), now=t + int(SLOW_MS * ms) // 4)
+    row = lat.summary()
+    assert row["count"] == 57
+    assert (row["over_1ms"], row["slow_episodes"], row["largest_episode"]) == (7, 2, 6)
+
+
+def test_no_slow_message_no_episode():
+    row = Latencies().summary()
+    assert (row["over_1ms"], row["slow_episodes"], row["largest_episode"]) == (0, 0, 0)
+
+
+def _body(sent_ns: int) -> bytes:
+    """A latency body stamped at sent_ns (its slot the same)."""
+    return struct.pack("<QQ", sent_ns, sent_ns) + b"\0" * (100 - STAMP_BYTES)
 
 
 def test_paced_hands_each_send_its_slot_and_never_sends_before_it():

@@ -94,6 +94,11 @@ def test_every_workload_row_is_well_formed(equeue_and_installed_peers, driver):
                 # clock), so no percentile is sooner
                 for stat in ("p50_ms", "p99_ms", "max_ms"):
                     assert row[f"due_{stat}"] >= row[stat], row
+                # slow messages (over 1 ms from the stamp) and the episodes they came in
+                assert 0 <= row["largest_episode"] <= row["over_1ms"] <= row["count"], row
+                assert row["slow_episodes"] <= row["over_1ms"], row
+                assert (row["slow_episodes"] == 0) == (row["over_1ms"] == 0), row
+                assert row["max_ms"] >= 1.0 if row["over_1ms"] else row["max_ms"] <= 1.0, row
             else:
                 assert row["count"] > 0 and row["seconds"] > 0 and row["msgs_per_s"] > 0, row
             # the server's CPU during the row: a server that served messages used some
@@ -149,7 +154,31 @@ def test_server_cpu_table_has_a_line_per_comparison(equeue_and_installed_peers):
         assert set(row) == {"bench", "workload", "equeue", *peers}, row
         for peer in peers:
             assert row[peer] is not None and row[peer] > 0, (peer, row)
-    part = r.stdout.split("\nServer CPU per message")[1].split("\nBounds of this machine")[0]
+    part = r.stdout.split("\nServer CPU per message")[1].split("\nMessages over 1 ms")[0]
+    table = [line for line in part.splitlines() if line.startswith("|")]
+    assert table[0].count("|") == 3 + len(peers) and len(table) == 2 + len(found)
+
+
+def test_slow_table_has_a_line_per_latency_comparison(equeue_and_installed_peers):
+    """Under the server CPU table, each system's slow messages and the episodes they came in, for
+    each latency comparison: `peers-slow` rows whose cells are the rows' [over_1ms, slow_episodes],
+    and a printed table with a column per system."""
+    r, rows, _ = equeue_and_installed_peers
+    found = [row for row in rows if row.get("bench") == "peers-slow"]
+    labels = [row["workload"] for row in found]
+    assert labels and len(labels) == len(set(labels))
+    assert all(label.startswith("latency paced") for label in labels), labels
+    peers = [s for d in _installed_peers() for s in _systems(d)]
+    ours = {(row["mode"], row.get("flush")): row for row in rows
+            if row.get("bench") == "peers" and row.get("system") == "equeue" and row.get("workload") == "latency"}
+    push = next(row for row in found if row["workload"] == "latency paced, sender sleeps, EQueue push Consumer")
+    assert push["equeue"] == [ours[("sleep-push", "async")]["over_1ms"], ours[("sleep-push", "async")]["slow_episodes"]]
+    for row in found:
+        assert set(row) == {"bench", "workload", "equeue", *peers}, row
+        for system in ("equeue", *peers):
+            n, e = row[system]
+            assert 0 <= e <= n, (system, row)
+    part = r.stdout.split("\nMessages over 1 ms from the stamp")[1].split("\nBounds of this machine")[0]
     table = [line for line in part.splitlines() if line.startswith("|")]
     assert table[0].count("|") == 3 + len(peers) and len(table) == 2 + len(found)
 

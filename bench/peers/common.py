@@ -261,13 +261,35 @@ def stamp(size: int, due_ns: int | None = None) -> bytes:
     return _STAMP.pack(now, now if due_ns is None else due_ns) + b"\0" * (size - STAMP_BYTES)
 
 
+# A message slower than SLOW_MS from its stamp is slow; slow messages stamped within EPISODE_GAP_MS
+# of the slow one before belong to one episode. Many slow messages in few episodes are stalls
+# (a process, or a vCPU, that did not run for a few ms: every message in flight meanwhile is
+# late); about as many episodes as slow messages is a fat tail of the path itself.
+SLOW_MS = 1.0
+EPISODE_GAP_MS = 5.0
+
+
+def episodes(stamps_ns: Sequence[int], gap_ms: float = EPISODE_GAP_MS) -> list[int]:
+    """The sizes of the runs of `stamps_ns` (in any order) whose neighbours, once sorted, are at
+    most `gap_ms` apart, in time order."""
+    sizes: list[int] = []
+    last = None
+    for t in sorted(stamps_ns):
+        if last is None or t - last > gap_ms * 1e6:
+            sizes.append(0)
+        sizes[-1] += 1
+        last = t
+    return sizes
+
+
 class Latencies:
     """What a latency receiver collects: each message's milliseconds since its sender stamped it,
-    and since its slot in the pace (see STAMP_BYTES)."""
+    and since its slot in the pace (see STAMP_BYTES), and the stamps of the slow ones (SLOW_MS)."""
 
     def __init__(self) -> None:
         self.sent: list[float] = []
         self.due: list[float] = []
+        self.slow_stamps: list[int] = []
 
     def __len__(self) -> int:
         return len(self.sent)
@@ -280,15 +302,22 @@ class Latencies:
         sent, due = _STAMP.unpack_from(body)
         if sent == 0:
             return False
-        self.sent.append((now - sent) / 1e6)
+        ms = (now - sent) / 1e6
+        self.sent.append(ms)
         self.due.append((now - due) / 1e6)
+        if ms > SLOW_MS:
+            self.slow_stamps.append(sent)
         return True
 
     def summary(self) -> dict:
         """`summary` of the latencies from the stamps, and the same from the slots as due_p50_ms,
-        due_p99_ms and due_max_ms."""
+        due_p99_ms and due_max_ms; `over_1ms` (slow messages, from the stamp), `slow_episodes`
+        and `largest_episode` (messages in the largest; see `episodes`)."""
         due = summary(self.due)
-        return {**summary(self.sent), **{f"due_{k}": v for k, v in due.items() if k != "count"}}
+        runs = episodes(self.slow_stamps)
+        return {**summary(self.sent), **{f"due_{k}": v for k, v in due.items() if k != "count"},
+                "over_1ms": len(self.slow_stamps), "slow_episodes": len(runs),
+                "largest_episode": max(runs, default=0)}
 
 
 def warmup_body(size: int) -> bytes:

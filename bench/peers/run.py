@@ -29,9 +29,11 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from bench.peers.common import emit, run_latency, run_role, tree_cpu_seconds
+from bench.peers.common import EPISODE_GAP_MS, SLOW_MS, emit, run_latency, run_role, tree_cpu_seconds
 
 DRIVERS = ["equeue", "redis_streams", "nats_jetstream", "rabbitmq", "loopback_floor"]
 REFERENCE = "equeue"
@@ -161,41 +163,66 @@ def print_table(peers: list[str], table: Table, rows: list[dict]) -> None:
     sys.stdout.flush()
 
 
-def server_cpu_table(rows: list[dict]) -> list[dict]:
-    """Per comparison of the ratio table (a latency comparison once, not per statistic), the
-    server CPU per message of EQueue's row and of each peer's: rows `"bench": "peers-server-cpu"`."""
-    by_system: dict[str, dict[tuple, float]] = {}  # in the order the systems ran (the ratio table's)
+def side_table(rows: list[dict], value: Callable[[dict], Any], bench: str, latency_only: bool = False) -> list[dict]:
+    """Per comparison of the ratio table (a latency comparison once, not per statistic; only
+    those with `latency_only`), `value` of EQueue's row and of each peer's (None: the row has
+    none): rows `"bench": bench`."""
+    by_system: dict[str, dict[tuple, Any]] = {}  # in the order the systems ran (the ratio table's)
     for r in rows:
-        if r.get("bench") == "peers" and "server_cpu_us_per_msg" in r and r.get("system") != FLOOR:
-            by_system.setdefault(r["system"], {})[_key(r)] = r["server_cpu_us_per_msg"]
+        if r.get("bench") == "peers" and r.get("system") != FLOOR and (v := value(r)) is not None:
+            by_system.setdefault(r["system"], {})[_key(r)] = v
     ours = by_system.get(REFERENCE, {})
     out, seen = [], set()
     for label, our_key, peer_key, _ in _ratio_specs():
         if len(our_key) > 4 and our_key[4] != "p50_ms":
             continue  # one line per latency row pair
+        if latency_only and len(our_key) <= 4:
+            continue
         if (our_key[:4], peer_key[:4]) in seen:
             continue
         seen.add((our_key[:4], peer_key[:4]))
         label = label.replace("latency p50 paced", "latency paced").replace(" (peer / EQueue)", "")
-        out.append({"bench": "peers-server-cpu", "workload": label, REFERENCE: ours.get(our_key[:4]),
+        out.append({"bench": bench, "workload": label, REFERENCE: ours.get(our_key[:4]),
                     **{s: v.get(peer_key[:4]) for s, v in by_system.items() if s != REFERENCE}})
     return out
 
 
-def print_server_cpu(found: list[dict]) -> None:
+def server_cpu_table(rows: list[dict]) -> list[dict]:
+    """The server CPU per message of each system's row: `"bench": "peers-server-cpu"`."""
+    return side_table(rows, lambda r: r.get("server_cpu_us_per_msg"), "peers-server-cpu")
+
+
+def slow_table(rows: list[dict]) -> list[dict]:
+    """Per latency comparison, each system's slow messages and the episodes they came in
+    (common.Latencies): `"bench": "peers-slow"`, cells [over_1ms, slow_episodes]."""
+    return side_table(rows, lambda r: [r["over_1ms"], r["slow_episodes"]] if "over_1ms" in r else None,
+                      "peers-slow", latency_only=True)
+
+
+def print_side_table(found: list[dict], title: str, cell: Callable[[Any], str]) -> None:
     systems = [k for k in (found[0] if found else {}) if k not in ("bench", "workload", REFERENCE)]
     if not found or all(row.get(REFERENCE) is None for row in found):
         return
     print()
-    print("Server CPU per message, microseconds (the server's processes during the row, start-up and idle "
-          "time included; lower is cheaper)")
+    print(title)
     print()
     print("| " + " | ".join(["workload", "EQueue", *systems]) + " |")
     print("|---|---:|" + "---:|" * len(systems))
     for row in found:
-        cells = ["n/a" if row.get(s) is None else f"{row[s]:.1f}" for s in (REFERENCE, *systems)]
+        cells = ["n/a" if row.get(s) is None else cell(row[s]) for s in (REFERENCE, *systems)]
         print("| " + " | ".join([row["workload"], *cells]) + " |")
     sys.stdout.flush()
+
+
+def print_server_cpu(found: list[dict]) -> None:
+    print_side_table(found, "Server CPU per message, microseconds (the server's processes during the row, "
+                     "start-up and idle time included; lower is cheaper)", lambda v: f"{v:.1f}")
+
+
+def print_slow(found: list[dict]) -> None:
+    print_side_table(found, f"Messages over {SLOW_MS:g} ms from the stamp / the episodes they came in "
+                     f"(slow messages stamped within {EPISODE_GAP_MS:g} ms of each other: few episodes "
+                     "for many messages are stalls)", lambda v: f"{v[0]} / {v[1]}")
 
 
 def bounds(rows: list[dict]) -> list[dict]:
@@ -339,6 +366,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     for row in cpu:
         emit(row)
     print_server_cpu(cpu)
+    slow = slow_table(rows)
+    for row in slow:
+        emit(row)
+    print_slow(slow)
     found = bounds(rows)
     for bound in found:
         emit(bound)
