@@ -11,6 +11,18 @@ per message (`consumer_cpu_us_per_msg`, `consumer_switches_per_msg`, from getrus
 the loop thread, a worker pool) and with `pull_in_handler_threads=True` (`pulling`: no hand-off,
 so only the whole end-to-end time is split off; `model` in each line says which).
 
+Where the slow messages come from, in the same line:
+- `slow`: messages over 1 ms end to end (`over_1ms`), the episodes they came in and the largest
+  (bench/peers/common.py `slow_summary`), and `episode_period_ms`, the median time between the
+  starts of episodes of at least 5 messages (a stall that recurs on a clock shows as its period).
+- `consumer_loop`: a 1 ms timer on the client's loop thread; `stalls_over_2ms` counts the turns
+  it ran more than 2 ms late (the consumer process did not run), `worst_ms` the latest.
+- `consumer_gc`: the consumer process's garbage collections during the run and the longest.
+- `sender`: how late the paced sender stamped its messages after their slots (`late_p99_ms`,
+  `late_max_ms`: `send` waits for each answer, so a slow send or a sleep that overslept
+  delays the sends behind it), and each `send` call's own time (`send_p50_ms` ... `send_max_ms`,
+  `sends_over_2ms`).
+
     .venv/bin/python -m bench.bench_push_handoff                     # 10k messages at 5k/s, threads 1 and 8
     .venv/bin/python -m bench.bench_push_handoff --threads 1,2,4,8 --count 20000
     .venv/bin/python -m bench.bench_push_handoff --threads 8 --models loop,pulling --count 20000
@@ -21,19 +33,24 @@ Not a test: nothing here asserts a time.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import gc
+import itertools
 import json
 import resource
-import subprocess
+import statistics
 import sys
 import tempfile
 import threading
 import time
+from array import array
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.peers.common import paced, stamp, summary  # noqa: E402
+from bench.child import role_result  # noqa: E402
+from bench.peers.common import SLOW_MS, episodes, paced, slow_summary, stamp, summary  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
 
 
@@ -42,10 +59,75 @@ def percentiles(xs: list[float]) -> dict:
 
 
 def role_send(address: str, count: int, rate: int) -> None:
+    """The paced sender; prints one JSON line: how late it stamped after each slot, and its sends."""
     from equeue_core.client import Message, Producer
 
+    late: list[float] = []
+    took: list[float] = []
+
+    def send(i: int, due: int) -> None:
+        body = stamp(100, due)
+        started = time.time_ns()
+        p.send(Message("handoff", body))
+        late.append((int.from_bytes(body[:8], "little") - due) / 1e6)
+        took.append((time.time_ns() - started) / 1e6)
+
     with Producer(address) as p:
-        paced(count, rate, False, lambda i, due: p.send(Message("handoff", stamp(100, due))))
+        paced(count, rate, False, send)
+    lateness = summary(late)
+    print(json.dumps({"late_p99_ms": lateness["p99_ms"], "late_max_ms": lateness["max_ms"],
+                      **{f"send_{k}": v for k, v in summary(took, (0.5, 0.99, 0.999)).items() if k != "count"},
+                      "sends_over_2ms": sum(1 for t in took if t > 2)}), flush=True)
+
+
+class LoopStalls:
+    """A 1 ms timer on `loop`: the turns it ran more than 2 ms late (the process did not run)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.late_ms: list[float] = []
+        self._task = asyncio.run_coroutine_threadsafe(self._tick(), loop)
+
+    async def _tick(self) -> None:
+        due = time.perf_counter()
+        while True:
+            due += 0.001
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            late = time.perf_counter() - due
+            if late > 0.002:
+                self.late_ms.append(late * 1e3)
+                due = time.perf_counter()
+
+    def stop(self) -> dict:
+        self._task.cancel()
+        return {"stalls_over_2ms": len(self.late_ms), "worst_ms": round(max(self.late_ms, default=0.0), 2)}
+
+
+class GcPauses:
+    """This process's garbage collections from now to stop(), and the longest."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._started = 0.0
+        gc.callbacks.append(self._observe)
+
+    def _observe(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses.append((time.perf_counter() - self._started) * 1e3)
+
+    def stop(self) -> dict:
+        gc.callbacks.remove(self._observe)
+        return {"collections": len(self.pauses), "longest_ms": round(max(self.pauses, default=0.0), 2)}
+
+
+def slow_messages(seen: list[tuple[int, int, int, int]]) -> dict:
+    """`slow_summary` of the messages over SLOW_MS end to end, and `episode_period_ms`: the median
+    time between the starts of episodes of at least 5 messages (None with fewer than two)."""
+    slow = [s for s, h, _, _ in seen if (h - s) / 1e6 > SLOW_MS]
+    starts = [start for start, size in episodes(slow) if size >= 5]
+    gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(starts)]
+    return {**slow_summary(slow), "episode_period_ms": round(statistics.median(gaps), 1) if gaps else None}
 
 
 def _process_cost(before: resource.struct_rusage, after: resource.struct_rusage, n: int) -> dict:
@@ -60,23 +142,29 @@ def _process_cost(before: resource.struct_rusage, after: resource.struct_rusage,
 def run(address: str, offset_dir: str, group: str, count: int, rate: int, threads: int,
         model: str = "loop") -> dict:
     from equeue_core.client import Consumer, handler_pool
+    from equeue_core.client.loop import background_loop
 
-    submitted: dict[tuple[int, int], int] = {}  # (queue id, first offset) -> (ns, records)
+    # The bookkeeping is kept in arrays, not tuples: a tracked object per message would make this
+    # process's garbage collector run (and scan them) far more often than the consumer's own does.
+    submitted = [array("q") for _ in range(4)]  # queue id, first offset, ns, records
     real_submit = handler_pool.HandlerPool.submit
 
     def submit(self, pq, msgs):
-        submitted[(pq.queue_id, msgs.offset_at(0))] = (time.time_ns(), len(msgs))
+        for column, v in zip(submitted, (pq.queue_id, msgs.offset_at(0), time.time_ns(), len(msgs)), strict=True):
+            column.append(v)
         return real_submit(self, pq, msgs)
 
-    seen: list[tuple[int, int, int, int]] = []  # (sent ns, handled ns, queue id, offset)
+    columns = [array("q") for _ in range(4)]  # sent ns, handled ns, queue id, offset
     lock = threading.Lock()
     done = threading.Event()
 
     def handler(m) -> None:
         now = time.time_ns()
         with lock:
-            seen.append((int.from_bytes(m.body[:8], "little"), now, m.queue_id, m.queue_offset))
-            if len(seen) >= count:
+            for column, v in zip(columns, (int.from_bytes(m.body[:8], "little"), now, m.queue_id, m.queue_offset),
+                                 strict=True):
+                column.append(v)
+            if len(columns[0]) >= count:
                 done.set()
 
     pulling = model == "pulling"
@@ -92,24 +180,30 @@ def run(address: str, offset_dir: str, group: str, count: int, rate: int, thread
             time.sleep(0.05)
         time.sleep(0.3)
         before = resource.getrusage(resource.RUSAGE_SELF)
-        sender = subprocess.run([sys.executable, "-m", "bench.bench_push_handoff", "--role-send", address,
-                                 str(count), str(rate)], cwd=ROOT, timeout=count / rate + 120)
-        done.wait(30)
+        stalls, pauses = LoopStalls(background_loop()), GcPauses()
+        try:
+            sender = role_result([sys.executable, "-m", "bench.bench_push_handoff", "--role-send", address,
+                                  str(count), str(rate)], what="sender", cwd=ROOT, timeout=count / rate + 120)
+            done.wait(30)
+        finally:
+            loop_stalls, gc_pauses = stalls.stop(), pauses.stop()
         after = resource.getrusage(resource.RUSAGE_SELF)
         c.close()
     finally:
         handler_pool.HandlerPool.submit = real_submit
+    seen = list(zip(*columns, strict=True))
     at: dict[tuple[int, int], int] = {}
-    for (q, first), (ns, n) in submitted.items():
+    for q, first, ns, n in zip(*submitted, strict=True):
         for off in range(first, first + n):
             at[(q, off)] = ns
     row = {"bench": "push_handoff", "model": model, "threads": threads, "rate": rate, "count": len(seen),
-           "sender_rc": sender.returncode, **_process_cost(before, after, len(seen)),
-           "end_to_end": percentiles([(h - s) / 1e6 for s, h, _, _ in seen])}
+           **_process_cost(before, after, len(seen)),
+           "end_to_end": percentiles([(h - s) / 1e6 for s, h, _, _ in seen]), "slow": slow_messages(seen),
+           "consumer_loop": loop_stalls, "consumer_gc": gc_pauses, "sender": sender}
     if pulling:
         return row
     timed = [(s, h, at[(q, o)]) for s, h, q, o in seen if (q, o) in at]
-    return {**row, "records_per_batch": round(len(seen) / max(1, len(submitted)), 2),
+    return {**row, "records_per_batch": round(len(seen) / max(1, len(submitted[0])), 2),
             "sent_to_submit": percentiles([(b - s) / 1e6 for s, _, b in timed]),
             "submit_to_handler": percentiles([(h - b) / 1e6 for _, h, b in timed])}
 
@@ -131,7 +225,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--models takes loop and pulling, not {args.models!r}")
     from equeue_core.client import AdminClient
 
-    with tempfile.TemporaryDirectory() as tmp, BrokerProcess(Path(tmp) / "data", flush="async") as b:
+    with tempfile.TemporaryDirectory(prefix="equeue-bench-handoff-") as tmp, \
+            BrokerProcess(Path(tmp) / "data", flush="async") as b:
         with AdminClient(b.address) as admin:
             admin.create_topic("handoff", queues=4)
         runs = [(int(t), m) for t in args.threads.split(",") for m in models]

@@ -56,11 +56,11 @@ def test_the_summary_gives_each_percentile_from_the_stamp_and_from_the_slot():
 def test_episodes_are_runs_of_stamps_close_to_the_one_before():
     ms = 1_000_000
     assert episodes([]) == []
-    assert episodes([0]) == [1]
+    assert episodes([7]) == [(7, 1)]
     # out of order on purpose; exactly 5 ms apart is still one run, a nanosecond more is not
     stamps = [100 * ms, 0, 2 * ms, 7 * ms, 12 * ms + 1, 101 * ms, 500 * ms]
-    assert episodes(stamps, gap_ms=5.0) == [3, 1, 2, 1]
-    assert episodes(stamps, gap_ms=0.5) == [1, 1, 1, 1, 1, 1, 1]
+    assert episodes(stamps, gap_ms=5.0) == [(0, 3), (12 * ms + 1, 1), (100 * ms, 2), (500 * ms, 1)]
+    assert [size for _, size in episodes(stamps, gap_ms=0.5)] == [1] * 7
 
 
 def test_the_summary_counts_slow_messages_and_the_episodes_they_came_in():

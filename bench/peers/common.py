@@ -269,17 +269,24 @@ SLOW_MS = 1.0
 EPISODE_GAP_MS = 5.0
 
 
-def episodes(stamps_ns: Sequence[int], gap_ms: float = EPISODE_GAP_MS) -> list[int]:
-    """The sizes of the runs of `stamps_ns` (in any order) whose neighbours, once sorted, are at
-    most `gap_ms` apart, in time order."""
-    sizes: list[int] = []
+def episodes(stamps_ns: Sequence[int], gap_ms: float = EPISODE_GAP_MS) -> list[tuple[int, int]]:
+    """(first stamp, size) of each run of `stamps_ns` (in any order) whose neighbours, once sorted,
+    are at most `gap_ms` apart, in time order."""
+    runs: list[list[int]] = []
     last = None
     for t in sorted(stamps_ns):
         if last is None or t - last > gap_ms * 1e6:
-            sizes.append(0)
-        sizes[-1] += 1
+            runs.append([t, 0])
+        runs[-1][1] += 1
         last = t
-    return sizes
+    return [(start, size) for start, size in runs]
+
+
+def slow_summary(slow_stamps: Sequence[int]) -> dict:
+    """`over_1ms` (how many), `slow_episodes` and `largest_episode` (its messages) of the stamps of
+    the slow messages (see SLOW_MS)."""
+    sizes = [size for _, size in episodes(slow_stamps)]
+    return {"over_1ms": len(slow_stamps), "slow_episodes": len(sizes), "largest_episode": max(sizes, default=0)}
 
 
 class Latencies:
@@ -312,12 +319,10 @@ class Latencies:
     def summary(self) -> dict:
         """`summary` of the latencies from the stamps, and the same from the slots as due_p50_ms,
         due_p99_ms and due_max_ms; `over_1ms` (slow messages, from the stamp), `slow_episodes`
-        and `largest_episode` (messages in the largest; see `episodes`)."""
+        and `largest_episode` (`slow_summary`)."""
         due = summary(self.due)
-        runs = episodes(self.slow_stamps)
         return {**summary(self.sent), **{f"due_{k}": v for k, v in due.items() if k != "count"},
-                "over_1ms": len(self.slow_stamps), "slow_episodes": len(runs),
-                "largest_episode": max(runs, default=0)}
+                **slow_summary(self.slow_stamps)}
 
 
 def warmup_body(size: int) -> bytes:
