@@ -2,10 +2,33 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 
 from equeue_core.plugins import get_plugin_manager
 from tests.helpers.broker import ZMQ_CURVE, BrokerProcess
+
+# The suite's brokers write real commit logs under the temp dir (a full run held at most ~60 MB
+# there at once, 2026-11-27; Spark's scratch goes there too). With the disk nearly full, tests
+# would fail one by one on ENOSPC far from the cause (a CI run did, after 398 s): refuse at once.
+MIN_FREE_MB = 1024
+
+
+def min_free_mb() -> int:
+    raw = os.environ.get("EQUEUE_TEST_MIN_FREE_MB", "").strip()
+    return int(raw) if raw.isdigit() else MIN_FREE_MB
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    tmp = tempfile.gettempdir()
+    free = shutil.disk_usage(tmp).free // (1024 * 1024)
+    if free < min_free_mb():
+        pytest.exit(f"the test suite needs {min_free_mb()} MiB free in {tmp} (its brokers write real files "
+                    f"there) and there are {free} MiB: free some space or set TMPDIR to a roomier disk "
+                    "(EQUEUE_TEST_MIN_FREE_MB=0 skips this check)", returncode=2)
 
 
 def installed(hook: str) -> list[str]:
