@@ -11,7 +11,7 @@ import pytest
 from equeue_core.plugins import get_plugin_manager
 from tests.helpers.broker import ZMQ_CURVE, BrokerProcess
 
-# The suite's brokers write real commit logs under the temp dir (a full run held at most ~60 MB
+# The suite's brokers write real commit logs under the temp dir (a full run held under 100 MB
 # there at once, 2026-11-27; Spark's scratch goes there too). With the disk nearly full, tests
 # would fail one by one on ENOSPC far from the cause (a CI run did, after 398 s): refuse at once.
 MIN_FREE_MB = 1024
