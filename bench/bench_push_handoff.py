@@ -16,7 +16,7 @@ Where the slow messages come from, in the same line:
   (bench/peers/common.py `slow_summary`), and `episode_period_ms`, the median time between the
   starts of episodes of at least 5 messages (a stall that recurs on a clock shows as its period).
 - `consumer_loop`: a 1 ms timer on the client's loop thread; `stalls_over_2ms` counts the turns
-  it ran more than 2 ms late (the consumer process did not run), `worst_ms` the latest.
+  it ran more than 2 ms late (the consumer process did not run), `worst_ms` how late the worst was.
 - `consumer_gc`: the consumer process's garbage collections during the run and the longest.
 - `sender`: how late the paced sender stamped its messages after their slots (`late_p99_ms`,
   `late_max_ms`: `send` waits for each answer, so a slow send or a sleep that overslept

@@ -25,12 +25,13 @@ def test_after_gives_what_the_kernel_did_not_take():
     assert _after(bufs, 8) == []
 
 
-async def _write_through(flushes: list[list[bytes]], room_after_first: bool) -> tuple[bytes, int]:
+async def _write_through(flushes: list[list[bytes]], room_after_first: bool) -> tuple[bytes, int, bool]:
     """Write each list of buffers with one flush to a reader thread, and return what it got and
     the bytes that went through `direct`. With `room_after_first`, the reader reads nothing until
     the first flush is done, then takes half of what the kernel took of it while the loop is
     kept from running (so the kernel has room again while the transport still holds the rest of
-    the first flush), then the remaining flushes are made."""
+    the first flush), then the remaining flushes are made. Also: whether the socket was
+    duplicated at all."""
     loop = asyncio.get_running_loop()
     total = sum(len(b) for f in flushes for b in f)
     got = bytearray()
@@ -56,8 +57,7 @@ async def _write_through(flushes: list[list[bytes]], room_after_first: bool) -> 
     reader.start()
     transport, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", listener.getsockname()[1])
     transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
-    direct = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
-    writer = WriteCoalescer(transport, loop, direct=direct)
+    writer = WriteCoalescer(transport, loop, direct=True)
     try:
         for i, f in enumerate(flushes):
             writer.write(list(f))
@@ -71,12 +71,13 @@ async def _write_through(flushes: list[list[bytes]], room_after_first: bool) -> 
             if not reader.is_alive():
                 break
             await asyncio.sleep(0.01)
+        duplicated = writer.direct is not None
     finally:
         transport.close()
-        direct.close()
+        writer.close_direct()
         listener.close()
         reader.join(10)
-    return bytes(got), writer.direct_bytes
+    return bytes(got), writer.direct_bytes, duplicated
 
 
 def test_a_flush_larger_than_the_socket_takes_arrives_whole_and_in_order():
@@ -86,15 +87,15 @@ def test_a_flush_larger_than_the_socket_takes_arrives_whole_and_in_order():
     big = [os.urandom(1 << 20) for _ in range(8)]
     small = [b"small frame"]
     large = [os.urandom(DIRECT_MIN_BYTES), os.urandom(DIRECT_MIN_BYTES)]
-    got, direct_bytes = uvloop.run(_write_through([big, small, large], room_after_first=True))
+    got, direct_bytes, _ = uvloop.run(_write_through([big, small, large], room_after_first=True))
     assert got == b"".join(big + small + large)
     assert 0 < direct_bytes < sum(map(len, big))  # the kernel took part of the first flush only
 
 
-def test_small_flushes_stay_on_the_transport():
+def test_small_flushes_stay_on_the_transport_and_cost_no_second_descriptor():
     flushes = [[b"x" * 100] for _ in range(50)]
-    got, direct_bytes = uvloop.run(_write_through(flushes, room_after_first=False))
-    assert got == b"x" * 5000 and direct_bytes == 0
+    got, direct_bytes, duplicated = uvloop.run(_write_through(flushes, room_after_first=False))
+    assert got == b"x" * 5000 and direct_bytes == 0 and not duplicated
 
 
 def test_send_async_batches_go_direct_and_arrive_intact(file_broker):

@@ -70,13 +70,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        direct = None
-        if self._owner._tls is None:  # large flushes with the GIL released (WriteCoalescer)
-            try:
-                direct = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
-            except (OSError, AttributeError):
-                direct = None
-        self.writer = WriteCoalescer(transport, asyncio.get_running_loop(), direct=direct)
+        # large flushes with the GIL released (WriteCoalescer), on a plain connection only
+        self.writer = WriteCoalescer(transport, asyncio.get_running_loop(), direct=self._owner._tls is None)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.reader.get_buffer(sizehint)
@@ -99,9 +94,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        if self.writer is not None and self.writer.direct is not None:
-            self.writer.direct.close()
-            self.writer.direct = None
+        if self.writer is not None:
+            self.writer.close_direct()
         if self.thread_sock is not None:
             with self._owner._thread_lock:
                 self.thread_sock.close()

@@ -28,6 +28,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable
 
@@ -293,26 +294,29 @@ class WriteCoalescer:
     in that read's callback): then they leave at `release()`, with no extra loop iteration and no
     scheduled callback. `after_flush` (if given) runs after every flush that handed bytes over.
 
-    `direct`: a duplicate of the connection's plain (not TLS) socket. A flush of at least
-    DIRECT_MIN_BYTES while the transport holds nothing unsent is offered to it first with one
-    non-blocking sendmsg, which releases the GIL while the kernel copies (uvloop's writev holds
-    it: a client's 512 KiB SEND frames kept its calling thread, which makes the next batch, from
-    running for most of each write); whatever the kernel does not take goes to the transport as
-    before. The bytes leave in the same order either way: the direct write happens only when
-    the transport has nothing queued ahead of them.
+    `direct=True` (a plain, not TLS, connection): a flush of at least DIRECT_MIN_BYTES while the
+    transport holds nothing unsent is offered first to a duplicate of the transport's socket
+    (made on the first such flush, closed by `close_direct`) with one non-blocking sendmsg,
+    which releases the GIL while the kernel copies (uvloop's writev holds it: a client's 512 KiB
+    SEND frames kept its calling thread, which makes the next batch, from running for most of
+    each write); whatever the kernel does not take goes to the transport as before. The bytes
+    leave in the same order either way: the direct write happens only when the transport has
+    nothing queued ahead of them.
     """
 
-    __slots__ = ("_transport", "_loop", "_pending", "pending_bytes", "_held", "_after_flush", "direct", "direct_bytes")
+    __slots__ = ("_transport", "_loop", "_pending", "pending_bytes", "_held", "_after_flush", "_direct_ok",
+                 "direct", "direct_bytes")
 
     def __init__(self, transport: object, loop: object,
-                 after_flush: Callable[[], None] | None = None, direct: socket.socket | None = None) -> None:
+                 after_flush: Callable[[], None] | None = None, direct: bool = False) -> None:
         self._transport = transport
         self._loop = loop
         self._pending: list = []
         self.pending_bytes = 0  # written here, not yet handed to the transport
         self._held = False
         self._after_flush = after_flush
-        self.direct = direct
+        self._direct_ok = direct
+        self.direct: socket.socket | None = None  # the duplicate, once a large flush made it
         self.direct_bytes = 0  # bytes the kernel took from `direct` so far
 
     def write(self, buffers: list) -> int:
@@ -350,10 +354,11 @@ class WriteCoalescer:
         pending, self._pending = self._pending, []
         size, self.pending_bytes = self.pending_bytes, 0
         if pending and not self._transport.is_closing():  # type: ignore[attr-defined]
-            if (self.direct is not None and size >= DIRECT_MIN_BYTES and len(pending) <= DIRECT_MAX_BUFFERS
-                    and not self._transport.get_write_buffer_size()):  # type: ignore[attr-defined]
+            if (self._direct_ok and size >= DIRECT_MIN_BYTES and len(pending) <= DIRECT_MAX_BUFFERS
+                    and not self._transport.get_write_buffer_size()  # type: ignore[attr-defined]
+                    and (self.direct is not None or self._open_direct())):
                 try:
-                    sent = self.direct.sendmsg(pending, (), socket.MSG_DONTWAIT)
+                    sent = self.direct.sendmsg(pending, (), socket.MSG_DONTWAIT)  # type: ignore[union-attr]
                 except OSError:  # full (EAGAIN), or broken: the transport meets it its own way
                     sent = 0
                 self.direct_bytes += sent
@@ -362,3 +367,23 @@ class WriteCoalescer:
                 self._transport.writelines(pending)  # type: ignore[attr-defined]
             if self._after_flush is not None:
                 self._after_flush()
+
+    def _open_direct(self) -> bool:
+        """Duplicate the transport's socket for direct writes; False (and never again) if it cannot."""
+        fd = -1
+        try:
+            fd = os.dup(self._transport.get_extra_info("socket").fileno())  # type: ignore[attr-defined]
+            self.direct = socket.socket(fileno=fd)
+        except (OSError, AttributeError):
+            if fd >= 0:
+                os.close(fd)
+            self._direct_ok = False
+            return False
+        return True
+
+    def close_direct(self) -> None:
+        """Close the duplicate (the connection is gone); no direct writes from now on."""
+        self._direct_ok = False
+        if self.direct is not None:
+            self.direct.close()
+            self.direct = None
