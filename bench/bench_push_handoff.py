@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import itertools
 import json
 import resource
@@ -51,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.child import role_result  # noqa: E402
 from bench.peers.common import SLOW_MS, episodes, paced, slow_summary, stamp, summary  # noqa: E402
+from equeue_core.broker.metrics import observe_gc_pauses  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
 
 
@@ -103,22 +103,16 @@ class LoopStalls:
 
 
 class GcPauses:
-    """This process's garbage collections from now to stop(), and the longest."""
+    """This process's garbage collections from now to stop(), and the longest (the broker's own
+    timing of them, equeue_core/broker/metrics.py `observe_gc_pauses`)."""
 
     def __init__(self) -> None:
         self.pauses: list[float] = []
-        self._started = 0.0
-        gc.callbacks.append(self._observe)
-
-    def _observe(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._started = time.perf_counter()
-        else:
-            self.pauses.append((time.perf_counter() - self._started) * 1e3)
+        self._stop = observe_gc_pauses(self.pauses.append)
 
     def stop(self) -> dict:
-        gc.callbacks.remove(self._observe)
-        return {"collections": len(self.pauses), "longest_ms": round(max(self.pauses, default=0.0), 2)}
+        self._stop()
+        return {"collections": len(self.pauses), "longest_ms": round(max(self.pauses, default=0.0) * 1e3, 2)}
 
 
 def slow_messages(seen: list[tuple[int, int, int, int]]) -> dict:

@@ -17,14 +17,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable
 
-from equeue_plugins.transport_tcp.framing import FrameReader, Head, WriteCoalescer
+from equeue_plugins.transport_tcp.framing import FrameReader, Head, WriteCoalescer, duplicate_socket
 from equeue_plugins.transport_tcp.server import resolve, tune_socket
 
 from equeue_core import frame as wire
@@ -316,10 +315,8 @@ class TcpClientConnection:
                 return False
             sock = proto.thread_sock
             if sock is None:
-                try:
-                    sock = proto.thread_sock = socket.socket(fileno=os.dup(
-                        proto.transport.get_extra_info("socket").fileno()))
-                except (OSError, AttributeError):
+                sock = proto.thread_sock = duplicate_socket(proto.transport)
+                if sock is None:
                     return False
             request_id = next(self._ids)
             # one buffer: one send (FrameTooLargeError: nothing written)

@@ -273,6 +273,20 @@ DIRECT_MIN_BYTES = 64 * 1024
 DIRECT_MAX_BUFFERS = 512
 
 
+def duplicate_socket(transport: object) -> socket.socket | None:
+    """A second socket object on a transport's connection (a dup of its descriptor), for writes
+    the transport does not make itself; None if the transport has no plain socket to duplicate.
+    The caller closes it when the connection is lost."""
+    fd = -1
+    try:
+        fd = os.dup(transport.get_extra_info("socket").fileno())  # type: ignore[attr-defined]
+        return socket.socket(fileno=fd)
+    except (OSError, AttributeError):
+        if fd >= 0:
+            os.close(fd)
+        return None
+
+
 def _after(buffers: list, sent: int) -> list:
     """What of `buffers` is left once the kernel took their first `sent` bytes."""
     for i, b in enumerate(buffers):
@@ -370,16 +384,9 @@ class WriteCoalescer:
 
     def _open_direct(self) -> bool:
         """Duplicate the transport's socket for direct writes; False (and never again) if it cannot."""
-        fd = -1
-        try:
-            fd = os.dup(self._transport.get_extra_info("socket").fileno())  # type: ignore[attr-defined]
-            self.direct = socket.socket(fileno=fd)
-        except (OSError, AttributeError):
-            if fd >= 0:
-                os.close(fd)
-            self._direct_ok = False
-            return False
-        return True
+        self.direct = duplicate_socket(self._transport)
+        self._direct_ok = self.direct is not None
+        return self._direct_ok
 
     def close_direct(self) -> None:
         """Close the duplicate (the connection is gone); no direct writes from now on."""
