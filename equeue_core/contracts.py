@@ -383,6 +383,24 @@ class ClientConnection(Protocol):
     async def close(self) -> None: ...
 
 
+class CallbackRequestConnection(ClientConnection, Protocol):
+    """Optional on top of ClientConnection (tcp and tls offer it): a request written now, on the
+    loop thread, whose answer goes to a callback instead of an awaiting task. A client's hot path
+    (the Producer's `send_async` batches) then goes from an answer to its next write in one loop
+    turn, where awaiting `request` took three; each turn waits for a GIL switch while a busy
+    caller's thread holds the GIL."""
+
+    def request_now(self, code: int, header: bytes, body: bytes, timeout: float, done: Any) -> bool:
+        """On the loop thread: write one request whose header map is encoded
+        (frame.encode_header), in this call. `done(request)` then runs once on the loop thread,
+        where `request.result()` is the response frame and `request.exception()` a
+        TransportError (past `timeout`, checked about once a second; connection lost) or None.
+        False: nothing written and `done` will not run, because `request` would have to wait
+        (not connected, or writers waiting their turn that this write would overtake); the caller
+        then uses `request`. FrameTooLargeError: nothing written."""
+        ...
+
+
 class ThreadWritableConnection(ClientConnection, Protocol):
     """Optional on top of ClientConnection (tcp without TLS offers it): a request written from a
     caller's thread, not the loop's, for a blocking producer's lone `send_async` (its lane,

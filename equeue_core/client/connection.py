@@ -11,7 +11,7 @@ from equeue_core.client.address import Address, parse_address
 from equeue_core.client.credentials import ClientLink, client_link
 from equeue_core.contracts import ClientConnection, TransportSettings
 from equeue_core.errors import ClientClosedError, EQueueError, error_for_code
-from equeue_core.frame import Frame
+from equeue_core.frame import Frame, encode_header
 from equeue_core.plugins import get_plugin_manager
 
 log = logging.getLogger("equeue.client")
@@ -80,6 +80,22 @@ class BrokerConnection:
             raise ClientClosedError("the connection is closed")
         resp = await self._conn.request(Frame(int(code), 0, 0, self._signed(code, header, body), body), timeout)
         return raise_for_error(resp)
+
+    def request_now(self, code: int, header: dict[str, Any], header_b: bytes, body: bytes, timeout: float,
+                    done: Callable[[Any], object]) -> bool:
+        """`request` in its callback form, on the loop thread, when the transport offers it
+        (contracts.CallbackRequestConnection) and can write at once: written in this call, and
+        `done(request)` runs once on the loop thread with `request.result()` the raw response
+        (errors not mapped: raise_for_error) or `request.exception()` a TransportError. `header_b`
+        is `header` encoded (frame.encode_header); with credentials it is signed afresh. False:
+        nothing written and `done` never runs (use `request`). FrameTooLargeError: nothing
+        written."""
+        now = getattr(self._conn, "request_now", None)
+        if now is None or self._closed:
+            return False
+        if self._credentials is not None:
+            header_b = encode_header(self._signed(code, header, body))
+        return now(int(code), header_b, body, timeout, done)
 
     def _signed(self, code: int, header: dict[str, Any] | None, body: bytes) -> dict[str, Any]:
         return signed_header(self._credentials, code, header, body)

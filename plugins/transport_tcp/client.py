@@ -8,6 +8,10 @@ Guarantees:
 - The next request after a drop (server restart, network blip) reconnects transparently; if that
   reconnect fails, the request fails with ConnectionLostError and the one after tries again.
 - Push frames from the server go to `on_push` (a coroutine result is run as a task).
+- `request_now` (the loop thread) and `write_from_thread` (any other thread) end the same way,
+  in a callback instead of an awaited result: `done(request)` runs exactly once, on the loop
+  thread, with the response, RequestTimeoutError (deadlines checked about once a second) or
+  ConnectionLostError.
 - Writes are never copied here: `frame.encode` buffers go to `writelines` as they are, one call
   per event-loop iteration (framing.WriteCoalescer).
 """
@@ -195,9 +199,10 @@ class TcpClientConnection:
         self._connecting: asyncio.Future | None = None
         self._closed = False
         self._push_tasks: set[asyncio.Task] = set()
-        self._thread_lock = threading.Lock()  # write_from_thread's writers
-        self._thread_deadlines: dict[int, float] = {}  # its requests in flight: request id -> deadline
-        self._thread_watch: asyncio.TimerHandle | None = None
+        self._thread_lock = threading.Lock()  # write_from_thread's writers, and _deadlines
+        # the callback requests in flight (request_now, write_from_thread): request id -> deadline
+        self._deadlines: dict[int, float] = {}
+        self._deadline_watch: asyncio.TimerHandle | None = None
         self._thread_reconnect = 0.0  # time.monotonic() of write_from_thread's last reconnect
 
     @property
@@ -284,6 +289,41 @@ class TcpClientConnection:
             timer.cancel()
             proto.pending.pop(request_id, None)
 
+    def request_now(self, code: int, header: bytes, body: bytes, timeout: float,
+                    done: Callable[[_CallbackRequest], object]) -> bool:
+        """On the loop thread: write one request in this call, its header map already encoded
+        (frame.encode_header). `done(request)` then runs once on the loop thread, in the callback
+        that read the answer or saw the failure: `request.result()` is the response frame,
+        `request.exception()` RequestTimeoutError (checked about once a second),
+        ConnectionLostError, or None.
+
+        Why not `request`: its answer wakes the awaiting task one loop turn later, and that
+        task's own waiter a turn after that. While another thread of the process holds the GIL
+        (a producer's busy caller), every turn waits for a GIL switch; a producer's batch took
+        three turns from its answer to its next batch's write (docs/benchmarks.md, "`send_async`:
+        answers in the callback that reads them").
+
+        False, nothing written and `done` never called, when `request` would have to wait: the
+        connection is closed, not connected (this does not reconnect), or other writers wait
+        for their turn (`must_wait`: this write would overtake theirs); the caller then uses
+        `request`. FrameTooLargeError: nothing written."""
+        proto = self._proto
+        if self._closed or proto is None or proto.lost or proto.writer is None or proto.must_wait():
+            return False
+        request_id = next(self._ids)
+        buffers = wire.encode_parts(code, request_id, 0, header, body, self.settings.max_frame_size)
+        proto.pending[request_id] = _CallbackRequest(done)  # type: ignore[assignment]
+        with self._thread_lock:
+            self._set_deadline(asyncio.get_running_loop(), request_id, timeout)
+        proto.writer.write(buffers)
+        return True
+
+    def _set_deadline(self, loop: asyncio.AbstractEventLoop, request_id: int, timeout: float) -> None:
+        """With _thread_lock held: a callback request's deadline, and the watch that enforces it."""
+        self._deadlines[request_id] = time.monotonic() + timeout
+        if self._deadline_watch is None:
+            self._deadline_watch = loop.call_soon_threadsafe(self._expire_callback_requests)  # type: ignore[assignment]
+
     @property
     def thread_writable(self) -> bool:
         """Whether write_from_thread can write at all: not over TLS (the TLS layer lives on the
@@ -291,7 +331,7 @@ class TcpClientConnection:
         return self._tls is None
 
     def write_from_thread(self, loop: asyncio.AbstractEventLoop, code: int, header: bytes, body: bytes,
-                          timeout: float, done: Callable[[_ThreadRequest], object]) -> bool:
+                          timeout: float, done: Callable[[_CallbackRequest], object]) -> bool:
         """From any thread but the loop's: write one small request straight to the socket, no hop
         through the loop thread. `done(request)` then runs on the loop thread, in the callback
         that read the answer (or saw the failure): `request.result()` is the response frame,
@@ -322,7 +362,7 @@ class TcpClientConnection:
             # one buffer: one send (FrameTooLargeError: nothing written)
             frame = wire.encode_parts(code, request_id, 0, header, body, self.settings.max_frame_size,
                                       len(body) + 1)[0]
-            proto.pending[request_id] = _ThreadRequest(done)  # type: ignore[assignment]
+            proto.pending[request_id] = _CallbackRequest(done)  # type: ignore[assignment]
             try:
                 sent = sock.send(frame, socket.MSG_DONTWAIT)
             except OSError:
@@ -332,23 +372,22 @@ class TcpClientConnection:
                 if sent:  # out of step: the server must never see the rest of another frame
                     loop.call_soon_threadsafe(proto.transport.abort)
                 return False
-            self._thread_deadlines[request_id] = time.monotonic() + timeout
-            if self._thread_watch is None:
-                self._thread_watch = loop.call_soon_threadsafe(self._watch_thread_writes)  # type: ignore[assignment]
+            self._set_deadline(loop, request_id, timeout)
         return True
 
     def _reconnect_in_background(self) -> None:
         task = asyncio.ensure_future(self._ready())
         task.add_done_callback(_log_reconnect)
 
-    def _watch_thread_writes(self) -> None:
-        """On the loop thread, about once a second while write_from_thread requests are out: fail
-        the ones past their deadline (a late answer is dropped, as for `request`)."""
+    def _expire_callback_requests(self) -> None:
+        """On the loop thread, about once a second while callback requests (request_now,
+        write_from_thread) are out: fail the ones past their deadline (a late answer is dropped,
+        as for `request`)."""
         now = time.monotonic()
         proto = self._proto
         expired = []
         with self._thread_lock:
-            deadlines = self._thread_deadlines
+            deadlines = self._deadlines
             for rid in [rid for rid, at in deadlines.items() if at <= now or proto is None
                         or rid not in proto.pending]:
                 del deadlines[rid]
@@ -356,9 +395,9 @@ class TcpClientConnection:
                 if request is not None and not request.done():
                     expired.append((rid, request))
             if deadlines and not self._closed:
-                self._thread_watch = asyncio.get_running_loop().call_later(1.0, self._watch_thread_writes)
+                self._deadline_watch = asyncio.get_running_loop().call_later(1.0, self._expire_callback_requests)
             else:
-                self._thread_watch = None
+                self._deadline_watch = None
         for rid, request in expired:  # outside the lock: done() runs the caller's code
             request.set_exception(RequestTimeoutError(f"no response to request {rid} within its timeout",
                                                       request_id=rid))
@@ -410,15 +449,15 @@ class TcpClientConnection:
         await asyncio.sleep(0)  # let the transport finish closing
 
 
-class _ThreadRequest:
-    """A write_from_thread request in `pending`: what the protocol does to a request's future
-    (`done`, `set_result`, `set_exception`) runs the caller's `done` at once, in the protocol's
-    own callback, instead of through a future's callback one loop turn later. That turn matters
-    when a busy caller's thread holds the GIL: each turn waits for a GIL switch."""
+class _CallbackRequest:
+    """A request_now or write_from_thread request in `pending`: what the protocol does to a
+    request's future (`done`, `set_result`, `set_exception`) runs the caller's `done` at once, in
+    the protocol's own callback, instead of through a future's callback one loop turn later. That
+    turn matters when a busy caller's thread holds the GIL: each turn waits for a GIL switch."""
 
     __slots__ = ("_done", "_result", "_exception", "_settled")
 
-    def __init__(self, done: Callable[[_ThreadRequest], object]) -> None:
+    def __init__(self, done: Callable[[_CallbackRequest], object]) -> None:
         self._done = done
         self._result: wire.Frame | None = None
         self._exception: BaseException | None = None
@@ -452,7 +491,7 @@ class _ThreadRequest:
         try:
             self._done(self)
         except Exception:
-            log.exception("write_from_thread callback failed")
+            log.exception("a callback request's done() failed")
 
 
 def _log_reconnect(task: asyncio.Future) -> None:
