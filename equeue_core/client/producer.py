@@ -251,6 +251,36 @@ class SendFuture(_BatchSlot):
         return answer.result(self._index)
 
 
+class _Sending:
+    """The producer's batches out on the loop path (loop thread): those on the task path
+    (`_send_open_batch` tasks) and those `_send_now` wrote in the turn that dispatched them, whose
+    answers come to a callback (`_answered_now`); flush()'s wait for the latter; the SEND header
+    cache. One object, not producer attributes (see _ThreadLane)."""
+
+    __slots__ = ("tasks", "now", "idle", "headers")
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Future] = set()  # batches on the task path
+        self.now = 0  # batches written by _send_now and not yet settled
+        self.idle: asyncio.Future | None = None  # flush() waiting for `now` to reach 0
+        # (topic, queue id) -> SEND header and its bytes (_cached_send_header); the blocking
+        # Producer's direct sends and thread lane share it
+        self.headers: dict[tuple[str, int], tuple[dict[str, Any], bytes]] = {}
+
+
+def _settled(topic: str, queue: Any, request: Any) -> tuple[_BatchAnswer | None, BaseException | None]:
+    """A callback request's outcome (request_now, write_from_thread) as a batch's: the answer, or
+    the error (a TransportError, or the broker's error answer raised as its type)."""
+    err = request.exception()
+    if err is not None:
+        return None, err
+    try:
+        h = raise_for_error(request.result()).header
+    except EQueueError as e:
+        return None, e
+    return _BatchAnswer(topic, queue, h["id_prefix"], h["first_offset"], h["positions"]), None
+
+
 class AsyncProducer:
     """The asyncio producer; also the engine of the blocking Producer (on the background loop)."""
 
@@ -316,7 +346,7 @@ class AsyncProducer:
         self.max_batches_in_flight = max(1, max_batches_in_flight)
         self._frames = 0
         self._deferred: dict[tuple[str, Any, bool], None] = {}
-        self._tasks: set[asyncio.Future] = set()
+        self._sending = _Sending()  # batches out on the loop path
         self._closed = False
         self._lane: _ThreadLane | None = None  # the blocking Producer gives it one (_ThreadLane)
 
@@ -585,14 +615,66 @@ class AsyncProducer:
             self._linger_armed.add(key)
             assert self._loop is not None
             self._loop.call_later(self.linger, self._linger_check, key)
-        task = asyncio.ensure_future(self._send_open_batch(key, batch))
-        self._tasks.add(task)
+        if not self._send_now(key, batch):
+            self._send_as_task(key, batch)
+
+    def _send_as_task(self, key: tuple[str, Any, bool], batch: _OpenBatch, body: bytes | None = None,
+                      failed: TransportError | None = None) -> None:
+        """The task path: `_send_open_batch` in a task, `_answered` when it is done."""
+        task = asyncio.ensure_future(self._send_open_batch(key, batch, body, failed))
+        self._sending.tasks.add(task)
         task.add_done_callback(functools.partial(self._answered, key))
 
-    def _answered(self, key: tuple[str, Any, bool], task: asyncio.Future) -> None:
+    def _send_now(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> bool:
+        """Write the batch's frame in this call, its answer handled in the callback that reads it
+        (`BrokerConnection.request_now`), when the transport offers that and nothing could be
+        overtaken: one broker, no batch of this producer on the task path (a retry, a write
+        waiting for its turn or for a reconnect, which a frame written now would pass), and the
+        connection able to write at once. False: nothing written; the task path then sends it.
+
+        Why: through the task path an answer reached `_answered` two loop turns after the read,
+        and the next batch's write came a third turn later, with a Task, its coroutines and a
+        timer per frame; each turn waits for a GIL switch while the caller's thread holds the
+        GIL. The loop thread's CPU a message fell 10-13 % (docs/benchmarks.md, "`send_async`:
+        answers in the callback that reads them")."""
+        conn = self._conn
+        if self._sending.tasks or conn is None or self._router is not None:
+            return False
+        topic = key[0]
+        header, header_b = _cached_send_header(self._sending.headers, topic, batch.queue)
+        body = b"".join(batch.parts)
+        try:
+            written = conn.request_now(_SEND, header, header_b, body, self.send_timeout,
+                                       functools.partial(self._answered_now, key, batch, body))
+        except EQueueError:  # FrameTooLargeError: nothing written; the task path fails the batch
+            return False
+        if written:
+            batch.parts = []  # the futures keep the batch: not its bytes
+            self._sending.now += 1
+        return written
+
+    def _answered_now(self, key: tuple[str, Any, bool], batch: _OpenBatch, body: bytes, request: Any) -> None:
+        """On the loop thread, in the callback that read the answer to a batch `_send_now` wrote
+        (or saw it fail): settle the batch and go on as `_answered` does. A transport failure
+        counts as the first try: the task path sends the frame again with the rest of its retries
+        (at least once: a frame that timed out may have been stored)."""
+        answer, err = _settled(key[0], batch.queue, request)
+        if isinstance(err, TransportError):
+            self._send_as_task(key, batch, body, err)
+        else:
+            self._release(batch.count)
+            batch.resolve(answer, err)
+            self._answered(key, None)
+        sending = self._sending
+        sending.now -= 1
+        if not sending.now and sending.idle is not None and not sending.idle.done():
+            sending.idle.set_result(None)
+
+    def _answered(self, key: tuple[str, Any, bool], task: asyncio.Future | None) -> None:
         """A batch of `key` was answered (or failed): with none of that key left in flight, the
-        batch that gathered meanwhile leaves now instead of waiting out its linger."""
-        self._tasks.discard(task)
+        batch that gathered meanwhile leaves now instead of waiting out its linger. `task`: the
+        task that sent it (None: _send_now wrote it)."""
+        self._sending.tasks.discard(task)
         if self._router is None:
             self._frames -= 1
         left = self._in_flight[key] - 1
@@ -630,12 +712,16 @@ class AsyncProducer:
         for k, b in ready:
             self._dispatch(k, b)
 
-    async def _send_open_batch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
+    async def _send_open_batch(self, key: tuple[str, Any, bool], batch: _OpenBatch, body: bytes | None = None,
+                               failed: TransportError | None = None) -> None:
+        """Send a batch, with retries, and settle it. `body`: the frame's body if already joined;
+        `failed`: the first try's failure (_answered_now), counted among the tries."""
         topic, _, pinned = key
-        body = b"".join(batch.parts)
-        batch.parts = []  # the futures keep the batch: not its bytes
+        if body is None:
+            body = b"".join(batch.parts)
+            batch.parts = []  # the futures keep the batch: not its bytes
         try:
-            answer = await self._send_frame(topic, batch.queue, body, {}, pinned)
+            answer = await self._send_frame(topic, batch.queue, body, {}, pinned, failed)
         except BaseException as e:
             self._release(batch.count)
             batch.resolve(None, e)
@@ -654,23 +740,28 @@ class AsyncProducer:
                 self._room.notify_all()
 
     async def _send_frame(self, topic: str, queue_id: Any, body: bytes, extra: dict[str, Any],
-                          pinned: bool = False) -> _BatchAnswer:
-        """One SEND request, retried on transport failures."""
+                          pinned: bool = False, failed: TransportError | None = None) -> _BatchAnswer:
+        """One SEND request, retried on transport failures (`failed`: a first try that failed
+        before this call, one broker only)."""
         if self._router is not None:
             return await self._send_routed(topic, queue_id, body, extra, pinned)
         assert self._conn is not None
         header = {"topic": topic, "queue_id": queue_id, **extra}
         attempt = 0
+        error = failed
         while True:
+            if error is not None:
+                attempt += 1
+                if attempt > self.retries:
+                    # the same type (handshake_refused, timeout, ...), so the cause is not lost
+                    raise type(error)(f"send to {topic}/{queue_id} failed after {attempt} tries: {error}",
+                                      **error.details) from error
+                await asyncio.sleep(0.1 * attempt)
             try:
                 resp = await self._conn.request(Code.SEND, header, body, self.send_timeout)
                 break
             except TransportError as e:
-                attempt += 1
-                if attempt > self.retries:
-                    # the same type (handshake_refused, timeout, ...), so the cause is not lost
-                    raise type(e)(f"send to {topic}/{queue_id} failed after {attempt} tries: {e}", **e.details) from e
-                await asyncio.sleep(0.1 * attempt)
+                error = e
         h = resp.header
         return _BatchAnswer(topic, queue_id, h["id_prefix"], h["first_offset"], h["positions"])
 
@@ -861,18 +952,12 @@ class AsyncProducer:
         retry = True
         if fut is not None:
             state.frames += 1
-            err = fut.exception()
-            if err is None:
-                try:
-                    h = raise_for_error(fut.result()).header
-                    answer = _BatchAnswer(key[0], batch.queue, h["id_prefix"], h["first_offset"], h["positions"])
-                except EQueueError as e:
-                    answer, err = None, e
-                if err is None or not isinstance(err, TransportError):
-                    retry = False
-                    batch.parts = []
-                    self._release(1)
-                    batch.resolve(answer, err)
+            answer, err = _settled(key[0], batch.queue, fut)
+            if err is None or not isinstance(err, TransportError):
+                retry = False
+                batch.parts = []
+                self._release(1)
+                batch.resolve(answer, err)
         if retry:
             self._dispatch(key, batch)
         with self._lock:
@@ -949,8 +1034,15 @@ class AsyncProducer:
             if lane.out:
                 await asyncio.wait_for(asyncio.shield(idle), self.send_timeout * (self.retries + 2))
         self._send_gathered()
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        sending = self._sending
+        while sending.tasks or sending.now:  # each settles within its timeout (then retries are tasks)
+            if sending.tasks:
+                await asyncio.gather(*list(sending.tasks), return_exceptions=True)
+            else:
+                if sending.idle is None or sending.idle.done():
+                    assert self._loop is not None
+                    sending.idle = self._loop.create_future()
+                await sending.idle
 
     async def close(self) -> None:
         if self._closed:
@@ -985,7 +1077,8 @@ class Producer:
         self._started = False
         self._direct: DirectConnection | None = None
         # the SEND header of each (topic, queue id) a direct send used, as a map and encoded
-        self._send_headers: dict[tuple[str, int], tuple[dict[str, Any], bytes]] = {}
+        # (the loop path's cache, shared)
+        self._send_headers = self._async._sending.headers
 
     def start(self) -> Producer:
         if not self._started:

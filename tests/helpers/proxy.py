@@ -62,8 +62,14 @@ class CuttableProxy:
 
     def cut(self) -> None:
         """Drop every connection through the proxy and refuse new ones from now on."""
+        self.drop(refuse_new=True)
+
+    def drop(self, refuse_new: bool = False) -> None:
+        """Drop every connection through the proxy; new ones are let through (a blip) unless
+        `refuse_new` (an outage)."""
         with self._lock:
-            self._accepting = False
+            if refuse_new:
+                self._accepting = False
             for s in self._sockets:
                 try:
                     s.shutdown(socket.SHUT_RDWR)
