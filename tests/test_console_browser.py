@@ -5,7 +5,6 @@ $EQUEUE_ARTIFACTS when set)."""
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -13,11 +12,10 @@ from pathlib import Path
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
-from selenium.webdriver.support.ui import WebDriverWait
 
 from equeue_core.client import AdminClient, Consumer, Message, Producer
 from tests.helpers.broker import BrokerProcess
-from tests.helpers.console import ConsoleProcess, chromium_driver, fresh_profile, save_screenshot
+from tests.helpers.console import ConsoleProcess, chromium_session, save_screenshot, wait
 from tests.helpers.consume import Collector
 
 
@@ -43,17 +41,8 @@ def console(web_broker, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    profile = fresh_profile()
-    driver = chromium_driver(profile)
-    try:
+    with chromium_session() as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-def wait(driver, timeout: float = 30.0) -> WebDriverWait:
-    return WebDriverWait(driver, timeout, poll_frequency=0.2)
 
 
 def test_topics_page_lists_a_topic_just_created(web_broker, console, browser, shots):

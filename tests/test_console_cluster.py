@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -16,13 +15,12 @@ from pathlib import Path
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
-from selenium.webdriver.support.ui import WebDriverWait
 
 from equeue_core.client import AdminClient, Consumer, Message, Producer
 from equeue_core.client.nameserver import NameServerClient
 from equeue_core.errors import TopicNotFoundError
 from tests.helpers.broker import BrokerProcess
-from tests.helpers.console import ConsoleProcess, chromium_driver, fresh_profile, save_screenshot
+from tests.helpers.console import ConsoleProcess, chromium_session, save_screenshot, wait
 from tests.helpers.nameserver import NameServerProcess, cluster_args, wait_for
 
 NAMES = ("broker-a", "broker-b")
@@ -64,22 +62,13 @@ def cluster_console(two_brokers, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    profile = fresh_profile()
-    driver = chromium_driver(profile)
-    try:
+    with chromium_session() as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("screenshots")
-
-
-def wait(driver, timeout: float = 30.0) -> WebDriverWait:
-    return WebDriverWait(driver, timeout, poll_frequency=0.2)
 
 
 def _cells(row) -> list[str]:

@@ -8,6 +8,7 @@ would fail instead of fetching something.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
 import signal
@@ -15,7 +16,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tests.helpers.broker import free_port
 
@@ -110,3 +113,23 @@ def save_screenshot(driver, tmp_dir: Path, name: str) -> Path:
 
 def fresh_profile() -> Path:
     return Path(tempfile.mkdtemp(prefix="equeue-chromium-"))
+
+
+@contextlib.contextmanager
+def chromium_session() -> Iterator[Any]:
+    """A headless Chromium webdriver with a profile of its own; quit, and the profile removed, at
+    the end (a test module's `browser` fixture)."""
+    profile = fresh_profile()
+    driver = chromium_driver(profile)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def wait(driver: Any, timeout: float = 30.0) -> Any:
+    """A WebDriverWait on `driver` polling every 0.2 s."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.2)
