@@ -6,7 +6,9 @@ A broker process (file store, tcp, flush async), a topic of 4 queues, a sender p
 handler notes the time. The split point is HandlerPool.submit, timed by wrapping it in this
 process (a probe, not a change to the client). Prints one JSON line per --threads value, with
 p50/p90/p99/max in ms of each part and of the whole, and this process's CPU and context switches
-per message (`consumer_cpu_us_per_msg`, `consumer_switches_per_msg`, from getrusage).
+per message (`consumer_cpu_us_per_msg`, `consumer_switches_per_msg`, from getrusage), and of it
+the client loop thread's CPU (`consumer_loop_thread_cpu_us_per_msg`, from the thread's schedstat;
+the rest is the handler threads').
 `--models loop,pulling` runs each --threads value with the default Consumer (`loop`: pulls on
 the loop thread, a worker pool) and with `pull_in_handler_threads=True` (`pulling`: no hand-off,
 so only the whole end-to-end time is split off; `model` in each line says which).
@@ -52,6 +54,8 @@ from bench.child import role_result  # noqa: E402
 from bench.peers.common import SLOW_MS, episodes, paced, slow_summary, stamp, summary  # noqa: E402
 from equeue_core.broker.metrics import observe_gc_pauses  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
+
+LOOP_THREAD = "equeue-client-loop"  # the client's background loop thread (equeue_core/client/loop.py)
 
 
 def percentiles(xs: list[float]) -> dict:
@@ -133,6 +137,16 @@ def _process_cost(before: resource.struct_rusage, after: resource.struct_rusage,
             "consumer_switches_per_msg": round(switches / max(1, n), 2)}
 
 
+def thread_cpu_s(name: str) -> float:
+    """The CPU time of this process's thread called `name` so far (its scheduler's nanosecond
+    counter, /proc/self/task/<tid>/schedstat); 0.0 if there is no such thread."""
+    for t in threading.enumerate():
+        if t.name == name and t.native_id is not None:
+            with open(f"/proc/self/task/{t.native_id}/schedstat") as f:
+                return int(f.read().split()[0]) / 1e9
+    return 0.0
+
+
 def run(address: str, offset_dir: str, group: str, count: int, rate: int, threads: int,
         model: str = "loop") -> dict:
     from equeue_core.client import Consumer, handler_pool
@@ -174,6 +188,7 @@ def run(address: str, offset_dir: str, group: str, count: int, rate: int, thread
             time.sleep(0.05)
         time.sleep(0.3)
         before = resource.getrusage(resource.RUSAGE_SELF)
+        loop_cpu = thread_cpu_s(LOOP_THREAD)
         stalls, pauses = LoopStalls(background_loop()), GcPauses()
         try:
             sender = role_result([sys.executable, "-m", "bench.bench_push_handoff", "--role-send", address,
@@ -182,6 +197,7 @@ def run(address: str, offset_dir: str, group: str, count: int, rate: int, thread
         finally:
             loop_stalls, gc_pauses = stalls.stop(), pauses.stop()
         after = resource.getrusage(resource.RUSAGE_SELF)
+        loop_cpu = thread_cpu_s(LOOP_THREAD) - loop_cpu
         c.close()
     finally:
         handler_pool.HandlerPool.submit = real_submit
@@ -192,6 +208,7 @@ def run(address: str, offset_dir: str, group: str, count: int, rate: int, thread
             at[(q, off)] = ns
     row = {"bench": "push_handoff", "model": model, "threads": threads, "rate": rate, "count": len(seen),
            **_process_cost(before, after, len(seen)),
+           "consumer_loop_thread_cpu_us_per_msg": round(loop_cpu / max(1, len(seen)) * 1e6, 1),
            "end_to_end": percentiles([(h - s) / 1e6 for s, h, _, _ in seen]), "slow": slow_messages(seen),
            "consumer_loop": loop_stalls, "consumer_gc": gc_pauses, "sender": sender}
     if pulling:

@@ -27,6 +27,8 @@ def test_both_models_give_every_figure():
         slow = row["slow"]
         assert 0 <= slow["largest_episode"] <= slow["over_1ms"] <= 400 and slow["slow_episodes"] <= slow["over_1ms"]
         assert row["consumer_loop"]["stalls_over_2ms"] >= 0 and row["consumer_gc"]["collections"] >= 0
+        # the loop thread ran (heartbeats, pulls) and is part of the process
+        assert 0 < row["consumer_loop_thread_cpu_us_per_msg"] <= row["consumer_cpu_us_per_msg"], row
         sender = row["sender"]
         assert 0 <= sender["send_p50_ms"] <= sender["send_p99_ms"] <= sender["send_max_ms"], sender
         assert sender["late_max_ms"] >= sender["late_p99_ms"] >= 0 and 0 <= sender["sends_over_2ms"] <= 400
