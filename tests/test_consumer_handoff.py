@@ -293,3 +293,53 @@ def test_at_a_paced_rate_batches_go_to_the_thread_that_went_idle_last_not_round_
     names = asyncio.run(main())
     assert len(names) == 40
     assert len(set(names)) == 1, f"40 paced batches ran on {len(set(names))} threads: {sorted(set(names))}"
+
+
+def test_a_sleeping_worker_is_woken_at_the_end_of_the_loop_turn_that_gave_it_a_batch():
+    """The doorbell rings when the loop thread's turn ends, not in submit(): a worker woken
+    earlier would find the GIL held by the rest of the turn and sleep again (docs/benchmarks.md,
+    "The push Consumer's doorbell at the end of the turn"). The turn here sleeps 50 ms after
+    submit, the GIL free all along: the handler must not start before it ends."""
+    async def main():
+        started: list[float] = []
+        pool, _done = await _pool(lambda m: started.append(time.monotonic()), threads=1)
+        pq = ProcessQueue("t", 0, 0)
+        pool.submit(pq, _msgs("t", 0, 1))  # starts the thread
+        await wait_until_async(lambda: len(started) == 1 and pool.idle_workers == 1)
+        pool.submit(pq, _msgs("t", 1, 1))
+        time.sleep(0.05)  # still the same turn
+        turn_ended = time.monotonic()
+        assert await pool.wait_idle(10)
+        pool.shutdown(wait=True)
+        return started, turn_ended
+
+    started, turn_ended = asyncio.run(main())
+    assert len(started) == 2
+    assert started[1] >= turn_ended
+
+
+def test_shutdown_in_the_turn_that_gave_a_sleeping_worker_a_batch_still_ends_that_worker():
+    """shutdown(wait=True) joins the threads; a worker given a batch in the same turn has not been
+    rung yet and must be, or the join waits for ever."""
+    async def main():
+        ran: list[int] = []
+        pool, _done = await _pool(lambda m: ran.append(m.queue_offset), threads=1)
+        pq = ProcessQueue("t", 0, 0)
+        pool.submit(pq, _msgs("t", 0, 1))
+        await wait_until_async(lambda: ran == [0] and pool.idle_workers == 1)
+        pool.submit(pq, _msgs("t", 1, 1))
+        joined = threading.Event()
+        closer = threading.Thread(target=lambda: (pool.shutdown(wait=True), joined.set()), daemon=True)
+        closer.start()  # as close() from the loop thread would, without ending this turn first
+        closer.join(10)
+        return joined.is_set(), pool
+
+    joined, pool = asyncio.run(main())
+    assert joined, "shutdown() never returned: the worker given a batch was never rung"
+
+
+async def wait_until_async(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
