@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 import uvloop
 
 from equeue_core.contracts import ServerConnection, TransportSettings
@@ -112,6 +113,52 @@ def _certs() -> Any:
     d = Path(tempfile.mkdtemp(prefix="equeue-conformance-certs-"))
     atexit.register(shutil.rmtree, d, True)
     return make_certs(d)
+
+
+class Restartable:
+    """`async with Restartable(name) as r`: a server on 127.0.0.1:0 (`r.server`, `r.handler`) and a
+    client connected to it (`r.client`), for a test that stops the server under the client and
+    starts another on the same port (`await r.restart()`). The client and every server are closed
+    on the way out."""
+
+    def __init__(self, name: str) -> None:
+        self.transport = transport(name)
+        self.settings = settings(connect_timeout=5.0)
+        self.handler = ScriptedHandler()
+        self._servers: list[Any] = []
+
+    async def __aenter__(self) -> Restartable:
+        self.server = await self.transport.serve("127.0.0.1", 0, self.handler, self.settings)
+        self._servers.append(self.server)
+        self.port = self.server.address[1]
+        self.client = await self.transport.connect("127.0.0.1", self.port, self.settings)
+        return self
+
+    async def restart(self, handler: Any = None) -> Any:
+        """A new server on the same port (the test closed the old one), with its own handler."""
+        server = await self.transport.serve("127.0.0.1", self.port, handler or ScriptedHandler(), self.settings)
+        self._servers.append(server)
+        return server
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.close()
+        for server in reversed(self._servers):
+            await server.close()
+
+
+def offering(method: str) -> list[str]:
+    """The transports whose client connections have the optional `method` (found by connecting)."""
+    async def probe(name: str) -> bool:
+        async with serving(name) as (_handler, _server, client):
+            return callable(getattr(client, method, None))
+    return [name for name in transport_names() if run("asyncio", lambda n=name: probe(n))]
+
+
+def each_of(names: list[str]) -> Callable[[Any], Any]:
+    """A decorator: run the test for every transport in `names`, on both event loops."""
+    def each(test: Any) -> Any:
+        return pytest.mark.parametrize("name", names)(pytest.mark.parametrize("loop", list(LOOPS))(test))
+    return each
 
 
 def run(loop_name: str, main: Callable[[], Awaitable[T]], timeout: float = 60.0) -> T:

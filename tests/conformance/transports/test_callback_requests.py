@@ -20,32 +20,21 @@ from equeue_core.frame import Frame, encode_header
 from .harness import (
     ECHO,
     SLEEP,
-    ScriptedHandler,
+    Restartable,
+    each_of,
+    offering,
     run,
     serving,
     settings,
     transport,
-    transport_names,
     wait_until,
 )
 
 HOST = "127.0.0.1"
 
 
-def _offering() -> list[str]:
-    """The transports whose client connections have request_now (found by connecting)."""
-    async def probe(name: str) -> bool:
-        async with serving(name) as (_handler, _server, client):
-            return callable(getattr(client, "request_now", None))
-    return [name for name in transport_names() if run("asyncio", lambda n=name: probe(n))]
-
-
-OFFERING = _offering()
-
-
-def each(test):
-    """Run `test` for every transport in OFFERING, on both event loops."""
-    return pytest.mark.parametrize("name", OFFERING)(pytest.mark.parametrize("loop", ["asyncio", "uvloop"])(test))
+OFFERING = offering("request_now")
+each = each_of(OFFERING)
 
 
 def test_tcp_and_tls_offer_it() -> None:
@@ -117,35 +106,24 @@ def test_an_unanswered_request_times_out(name: str, loop: str) -> None:
 def test_a_dropped_connection_fails_the_request_and_refuses_more_until_a_request_reconnects(name: str,
                                                                                             loop: str) -> None:
     async def main() -> None:
-        t = transport(name)
-        s = settings(connect_timeout=5.0)
-        handler = ScriptedHandler()
-        server = await t.serve(HOST, 0, handler, s)
-        port = server.address[1]
-        client = await t.connect(HOST, port, s)
-        server2 = None
-        try:
+        async with Restartable(name) as r:
+            client = r.client
             await client.request(Frame(ECHO), 5)
             outcome: list[BaseException | None] = []
-            assert _now(client, SLEEP, {"seconds": 30.0}, b"", 30.0, lambda r: outcome.append(r.exception()))
-            await wait_until(lambda: handler.requests and handler.requests[-1].code == SLEEP, what="the request")
-            await server.close()
+            assert _now(client, SLEEP, {"seconds": 30.0}, b"", 30.0, lambda q: outcome.append(q.exception()))
+            await wait_until(lambda: r.handler.requests and r.handler.requests[-1].code == SLEEP, what="the request")
+            await r.server.close()
             await wait_until(lambda: bool(outcome), timeout=10, what="the failure")
             assert isinstance(outcome[0], ConnectionLostError)
             refused: list[object] = []
             assert not _now(client, ECHO, {}, b"", 5.0, refused.append)  # no reconnect of its own
-            server2 = await t.serve(HOST, port, ScriptedHandler(), s)
+            await r.restart()
             await client.request(Frame(ECHO), 5)  # `request` reconnects
             answers: list[object] = []
-            assert _now(client, ECHO, {"n": 1}, b"again", 5.0, lambda r: answers.append(r.result()))
+            assert _now(client, ECHO, {"n": 1}, b"again", 5.0, lambda q: answers.append(q.result()))
             await wait_until(lambda: bool(answers), what="the answer after the reconnect")
             assert bytes(answers[0].body) == b"again"
             assert refused == [] and len(outcome) == 1
-        finally:
-            await client.close()
-            if server2 is not None:
-                await server2.close()
-            await server.close()
     run(loop, main)
 
 

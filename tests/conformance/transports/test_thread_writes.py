@@ -10,40 +10,25 @@ from __future__ import annotations
 import asyncio
 import threading
 
-import pytest
-
 from equeue_core.errors import ConnectionLostError, RequestTimeoutError
 from equeue_core.frame import Frame, encode_header
 
 from .harness import (
     ECHO,
     SLEEP,
-    ScriptedHandler,
+    Restartable,
+    each_of,
+    offering,
     run,
     serving,
-    settings,
-    transport,
-    transport_names,
     wait_until,
 )
 
 HOST = "127.0.0.1"
 
 
-def _offering() -> list[str]:
-    """The transports whose client connections have write_from_thread (found by connecting)."""
-    async def probe(name: str) -> bool:
-        async with serving(name) as (_handler, _server, client):
-            return callable(getattr(client, "write_from_thread", None))
-    return [name for name in transport_names() if run("asyncio", lambda n=name: probe(n))]
-
-
-OFFERING = _offering()
-
-
-def each(test):
-    """Run `test` for every transport in OFFERING, on both event loops."""
-    return pytest.mark.parametrize("name", OFFERING)(pytest.mark.parametrize("loop", ["asyncio", "uvloop"])(test))
+OFFERING = offering("write_from_thread")
+each = each_of(OFFERING)
 
 
 def test_tcp_offers_it() -> None:
@@ -121,27 +106,21 @@ def test_an_unanswered_request_times_out(name: str, loop: str) -> None:
 @each
 def test_a_dropped_connection_fails_the_request_and_a_later_write_reconnects(name: str, loop: str) -> None:
     async def main() -> None:
-        t = transport(name)
-        s = settings(connect_timeout=5.0)
-        handler = ScriptedHandler()
-        server = await t.serve(HOST, 0, handler, s)
-        port = server.address[1]
-        client = await t.connect(HOST, port, s)
-        server2 = None
-        try:
+        async with Restartable(name) as r:
+            client = r.client
             await client.request(Frame(ECHO), 5)
             loop_ = asyncio.get_running_loop()
             outcome: list[BaseException | None] = []
             written = await _write_from_other_thread(
                 client, loop_, [(SLEEP, {"seconds": 30.0}, b"", 30.0)], lambda fut: outcome.append(fut.exception()))
             if written[0]:
-                await wait_until(lambda: handler.requests and handler.requests[-1].code == SLEEP, what="the request")
-                await server.close()
+                await wait_until(lambda: r.handler.requests and r.handler.requests[-1].code == SLEEP, what="the request")
+                await r.server.close()
                 await wait_until(lambda: bool(outcome), timeout=10, what="the failure")
                 assert isinstance(outcome[0], ConnectionLostError)
             else:
-                await server.close()
-            server2 = await t.serve(HOST, port, ScriptedHandler(), s)
+                await r.server.close()
+            await r.restart()
             answers: list[object] = []
             later = False
             for _ in range(30):  # refused until the connection is open again (it reconnects itself)
@@ -155,9 +134,4 @@ def test_a_dropped_connection_fails_the_request_and_a_later_write_reconnects(nam
             if later:
                 await wait_until(lambda: bool(answers), what="the answer after the reconnect")
                 assert bytes(answers[0].body) == b"again"
-        finally:
-            await client.close()
-            if server2 is not None:
-                await server2.close()
-            await server.close()
     run(loop, main)

@@ -26,6 +26,7 @@ from .harness import (
     HOLD,
     PUSH,
     SLEEP,
+    Restartable,
     ScriptedHandler,
     run,
     serving,
@@ -306,43 +307,33 @@ def test_client_disconnect_mid_request_cleans_up_the_server(name: str, loop: str
 
 def test_server_restart_fails_inflight_and_the_client_reconnects(name: str, loop: str) -> None:
     async def main() -> None:
-        t = transport(name)
-        s = settings(connect_timeout=5.0)
-        handler = ScriptedHandler()
-        server = await t.serve(HOST, 0, handler, s)
-        port = server.address[1]
-        client = await t.connect(HOST, port, s)
-        server2 = None
-        pending: list[asyncio.Future] = []
-        try:
-            assert bytes((await client.request(Frame(ECHO, body=b"1"), 5)).body) == b"1"
-            pending = [asyncio.ensure_future(client.request(Frame(HOLD), 30)) for _ in range(3)]
-            await wait_until(lambda: handler.holding == 3, what="3 held requests")
-            await server.close()
-            results = await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 15)
-            assert all(isinstance(r, ConnectionLostError) for r in results), results
-            handler2 = ScriptedHandler()
-            server2 = await t.serve(HOST, port, handler2, s)
-            assert server2.address[1] == port
-            reply = None
-            for _ in range(50):  # the reconnect is transparent, but the first try may race the drop
-                try:
-                    reply = await client.request(Frame(ECHO, body=b"2"), 5)
-                    break
-                except ConnectionLostError:
-                    await asyncio.sleep(0.1)
-            assert reply is not None and bytes(reply.body) == b"2"
-            replies = await asyncio.gather(*(client.request(Frame(ECHO, header={"i": i}), 5)
-                                             for i in range(100)))
-            assert [r.header["i"] for r in replies] == list(range(100))
-        finally:
-            for fut in pending:
-                fut.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-            await client.close()
-            if server2 is not None:
-                await server2.close()
-            await server.close()
+        async with Restartable(name) as r:
+            client = r.client
+            pending: list[asyncio.Future] = []
+            try:
+                assert bytes((await client.request(Frame(ECHO, body=b"1"), 5)).body) == b"1"
+                pending = [asyncio.ensure_future(client.request(Frame(HOLD), 30)) for _ in range(3)]
+                await wait_until(lambda: r.handler.holding == 3, what="3 held requests")
+                await r.server.close()
+                results = await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 15)
+                assert all(isinstance(x, ConnectionLostError) for x in results), results
+                server2 = await r.restart()
+                assert server2.address[1] == r.port
+                reply = None
+                for _ in range(50):  # the reconnect is transparent, but the first try may race the drop
+                    try:
+                        reply = await client.request(Frame(ECHO, body=b"2"), 5)
+                        break
+                    except ConnectionLostError:
+                        await asyncio.sleep(0.1)
+                assert reply is not None and bytes(reply.body) == b"2"
+                replies = await asyncio.gather(*(client.request(Frame(ECHO, header={"i": i}), 5)
+                                                 for i in range(100)))
+                assert [x.header["i"] for x in replies] == list(range(100))
+            finally:
+                for fut in pending:
+                    fut.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
     run(loop, main)
 
 
