@@ -51,11 +51,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.child import role_result  # noqa: E402
-from bench.peers.common import SLOW_MS, episodes, paced, slow_summary, stamp, summary  # noqa: E402
+from bench.peers.common import (  # noqa: E402
+    SLOW_MS,
+    episodes,
+    paced,
+    slow_summary,
+    stamp,
+    summary,
+    thread_cpu_seconds,
+)
 from equeue_core.broker.metrics import observe_gc_pauses  # noqa: E402
+from equeue_core.client.loop import LOOP_THREAD_NAME  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
-
-LOOP_THREAD = "equeue-client-loop"  # the client's background loop thread (equeue_core/client/loop.py)
 
 
 def percentiles(xs: list[float]) -> dict:
@@ -138,12 +145,10 @@ def _process_cost(before: resource.struct_rusage, after: resource.struct_rusage,
 
 
 def thread_cpu_s(name: str) -> float:
-    """The CPU time of this process's thread called `name` so far (its scheduler's nanosecond
-    counter, /proc/self/task/<tid>/schedstat); 0.0 if there is no such thread."""
+    """The CPU time so far of this process's thread called `name`; 0.0 if there is none."""
     for t in threading.enumerate():
         if t.name == name and t.native_id is not None:
-            with open(f"/proc/self/task/{t.native_id}/schedstat") as f:
-                return int(f.read().split()[0]) / 1e9
+            return thread_cpu_seconds("self", t.native_id)
     return 0.0
 
 
@@ -188,7 +193,7 @@ def run(address: str, offset_dir: str, group: str, count: int, rate: int, thread
             time.sleep(0.05)
         time.sleep(0.3)
         before = resource.getrusage(resource.RUSAGE_SELF)
-        loop_cpu = thread_cpu_s(LOOP_THREAD)
+        loop_cpu = thread_cpu_s(LOOP_THREAD_NAME)
         stalls, pauses = LoopStalls(background_loop()), GcPauses()
         try:
             sender = role_result([sys.executable, "-m", "bench.bench_push_handoff", "--role-send", address,
@@ -197,7 +202,7 @@ def run(address: str, offset_dir: str, group: str, count: int, rate: int, thread
         finally:
             loop_stalls, gc_pauses = stalls.stop(), pauses.stop()
         after = resource.getrusage(resource.RUSAGE_SELF)
-        loop_cpu = thread_cpu_s(LOOP_THREAD) - loop_cpu
+        loop_cpu = thread_cpu_s(LOOP_THREAD_NAME) - loop_cpu
         c.close()
     finally:
         handler_pool.HandlerPool.submit = real_submit

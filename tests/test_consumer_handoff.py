@@ -11,7 +11,7 @@ import time
 from equeue_core.client import AdminClient, Consumer, Message, Producer
 from equeue_core.client.handler_pool import BatchRun, HandlerPool
 from equeue_core.client.process_queue import ProcessQueue
-from tests.helpers.waiting import wait_until
+from tests.helpers.waiting import wait_until, wait_until_async
 
 
 def _msgs(topic: str, first: int, n: int) -> list:
@@ -336,10 +336,3 @@ def test_shutdown_in_the_turn_that_gave_a_sleeping_worker_a_batch_still_ends_tha
 
     joined, pool = asyncio.run(main())
     assert joined, "shutdown() never returned: the worker given a batch was never rung"
-
-
-async def wait_until_async(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.005)

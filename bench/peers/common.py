@@ -114,12 +114,18 @@ def tree_cpu_seconds(pid: int | None) -> float | None:
         except OSError:
             continue
         for tid in tids:
-            try:
-                with open(f"/proc/{p}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0]) / 1e9
-            except (OSError, ValueError, IndexError):
-                continue
+            total += thread_cpu_seconds(p, tid)
     return total
+
+
+def thread_cpu_seconds(pid: int | str, tid: int | str) -> float:
+    """One thread's time on a CPU so far, from its scheduler's nanosecond counter
+    (/proc/<pid>/task/<tid>/schedstat); 0.0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 class ServerProcess:

@@ -36,6 +36,7 @@ from typing import Any
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 _thread: threading.Thread | None = None
+LOOP_THREAD_NAME = "equeue-client-loop"  # the background loop's thread (profilers and benchmarks find it by it)
 EXIT_JOIN_S = 5.0  # how long the exit waits for the loop thread to stop (see the module docstring)
 
 
@@ -81,7 +82,7 @@ def background_loop() -> asyncio.AbstractEventLoop:
                 finally:  # stopped at exit: close while the interpreter is whole
                     loop.close()
 
-            thread = threading.Thread(target=run, name="equeue-client-loop", daemon=True)
+            thread = threading.Thread(target=run, name=LOOP_THREAD_NAME, daemon=True)
             thread.start()
             ready.wait()
             _loop, _thread = loop, thread

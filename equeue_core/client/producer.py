@@ -615,17 +615,19 @@ class AsyncProducer:
             self._linger_armed.add(key)
             assert self._loop is not None
             self._loop.call_later(self.linger, self._linger_check, key)
-        if not self._send_now(key, batch):
-            self._send_as_task(key, batch)
+        body = b"".join(batch.parts)
+        batch.parts = []  # the futures keep the batch: not its bytes
+        if not self._send_now(key, batch, body):
+            self._send_as_task(key, batch, body)
 
-    def _send_as_task(self, key: tuple[str, Any, bool], batch: _OpenBatch, body: bytes | None = None,
+    def _send_as_task(self, key: tuple[str, Any, bool], batch: _OpenBatch, body: bytes,
                       failed: TransportError | None = None) -> None:
         """The task path: `_send_open_batch` in a task, `_answered` when it is done."""
         task = asyncio.ensure_future(self._send_open_batch(key, batch, body, failed))
         self._sending.tasks.add(task)
         task.add_done_callback(functools.partial(self._answered, key))
 
-    def _send_now(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> bool:
+    def _send_now(self, key: tuple[str, Any, bool], batch: _OpenBatch, body: bytes) -> bool:
         """Write the batch's frame in this call, its answer handled in the callback that reads it
         (`BrokerConnection.request_now`), when the transport offers that and nothing could be
         overtaken: one broker, no batch of this producer on the task path (a retry, a write
@@ -642,14 +644,12 @@ class AsyncProducer:
             return False
         topic = key[0]
         header, header_b = _cached_send_header(self._sending.headers, topic, batch.queue)
-        body = b"".join(batch.parts)
         try:
             written = conn.request_now(_SEND, header, header_b, body, self.send_timeout,
                                        functools.partial(self._answered_now, key, batch, body))
         except EQueueError:  # FrameTooLargeError: nothing written; the task path fails the batch
             return False
         if written:
-            batch.parts = []  # the futures keep the batch: not its bytes
             self._sending.now += 1
         return written
 
@@ -712,14 +712,11 @@ class AsyncProducer:
         for k, b in ready:
             self._dispatch(k, b)
 
-    async def _send_open_batch(self, key: tuple[str, Any, bool], batch: _OpenBatch, body: bytes | None = None,
+    async def _send_open_batch(self, key: tuple[str, Any, bool], batch: _OpenBatch, body: bytes,
                                failed: TransportError | None = None) -> None:
-        """Send a batch, with retries, and settle it. `body`: the frame's body if already joined;
-        `failed`: the first try's failure (_answered_now), counted among the tries."""
+        """Send a batch's frame `body`, with retries, and settle it. `failed`: the first try's
+        failure (_answered_now), counted among the tries."""
         topic, _, pinned = key
-        if body is None:
-            body = b"".join(batch.parts)
-            batch.parts = []  # the futures keep the batch: not its bytes
         try:
             answer = await self._send_frame(topic, batch.queue, body, {}, pinned, failed)
         except BaseException as e:

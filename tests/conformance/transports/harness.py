@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import shutil
 import tempfile
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,8 +21,10 @@ import pytest
 import uvloop
 
 from equeue_core.contracts import ServerConnection, TransportSettings
+from equeue_core.errors import ConnectionLostError
 from equeue_core.frame import Frame
 from equeue_core.plugins import get_plugin_manager
+from tests.helpers.waiting import wait_until_async as wait_until  # noqa: F401  (the kit's name for it)
 
 ECHO = 1  # response: same header, same body
 SLEEP = 2  # sleeps header["seconds"], then answers
@@ -227,13 +228,15 @@ class ScriptedHandler:
         self.connections.pop(conn.id, None)
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
-    """Poll `predicate` every 10 ms until true; AssertionError after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
-        await asyncio.sleep(0.01)
+async def request_once_reconnected(client: Any, frame: Frame, tries: int = 50) -> Frame:
+    """`client.request(frame)` after a server went: the reconnect is transparent, but the first
+    tries may race the drop (ConnectionLostError), so try again every 0.1 s, `tries` times."""
+    for _ in range(tries - 1):
+        try:
+            return await client.request(frame, 5)
+        except ConnectionLostError:
+            await asyncio.sleep(0.1)
+    return await client.request(frame, 5)
 
 
 def settings(**overrides: Any) -> TransportSettings:
