@@ -9,6 +9,7 @@ import threading
 import time
 
 from equeue_core.client import AdminClient, Consumer, Message, Producer
+from equeue_core.client.consumer import run_handler
 from equeue_core.client.handler_pool import BatchRun, HandlerPool
 from equeue_core.client.process_queue import ProcessQueue
 from tests.helpers.waiting import wait_until, wait_until_async
@@ -21,26 +22,19 @@ def _msgs(topic: str, first: int, n: int) -> list:
 
 
 def _run_chunk_with(handler):
-    def run_chunk(msgs, results, stop_on_failure, keep_going):
-        for i, m in enumerate(msgs):
-            if not keep_going():
-                return
-            try:
-                handler(m)
-                results[i] = True
-            except Exception:
-                results[i] = False
+    def run_chunk(msgs, results, stop_on_failure, keep_going, halt):  # as the consumer's, one message a call
+        run_handler(handler, 1, msgs, results, 0, stop_on_failure, keep_going, halt)
     return run_chunk
 
 
-async def _pool(handler, threads: int = 4, parallel: int = 1, keep_going=lambda: True):
+async def _pool(handler, threads: int = 4, parallel: int = 1):
     done: list[BatchRun] = []
 
     def on_done(run: BatchRun) -> None:  # as the consumer does: the window moves, waiters wake
         done.append(run)
         run.pq.done_many([m for m, ok in zip(run.msgs, run.results, strict=True) if ok])
 
-    pool = HandlerPool(threads, parallel, _run_chunk_with(handler), on_done, keep_going,
+    pool = HandlerPool(threads, parallel, _run_chunk_with(handler), on_done,
                        asyncio.get_running_loop(), "test-pool")
     return pool, done
 
@@ -155,7 +149,6 @@ def test_a_finished_batch_wakes_the_loop_only_for_a_queue_someone_waits_on():
 
 def test_no_batch_is_started_once_handing_out_stopped():
     async def main():
-        go = {"on": True}
         first = threading.Event()
         release = threading.Event()
         calls: list[int] = []
@@ -165,7 +158,7 @@ def test_no_batch_is_started_once_handing_out_stopped():
             first.set()
             release.wait(20)
 
-        pool, done = await _pool(handler, keep_going=lambda: go["on"])
+        pool, done = await _pool(handler)
         pq = ProcessQueue("t", 0, 0)
         pool.submit(pq, _msgs("t", 0, 2))
         pool.submit(pq, _msgs("t", 2, 2))
@@ -173,7 +166,7 @@ def test_no_batch_is_started_once_handing_out_stopped():
             if first.is_set():
                 break
             await asyncio.sleep(0.05)
-        go["on"] = False
+        pool.halt()
         release.set()
         assert await pool.wait_idle(30)
         pool.shutdown(wait=True)
@@ -182,6 +175,40 @@ def test_no_batch_is_started_once_handing_out_stopped():
     calls, done = asyncio.run(main())
     assert calls == [0]  # the call in progress finished; nothing more was handed out
     assert len(done) == 1 and done[0].results == [True, None]
+
+
+def test_stop_handling_in_a_handler_hands_out_nothing_after_the_call_in_progress(file_broker):
+    """The default push Consumer's workers read their batch's halt flag before each message:
+    stop_handling() called by the handler at offset 9 of a 30-message batch leaves 10..29
+    unhandled and uncommitted (the group gets them again). A worker that never looked at the flag
+    inside a batch handed out all 30."""
+    with AdminClient(file_broker.address) as admin:
+        admin.create_topic("halt", 1)
+    with Producer(file_broker.address) as p:
+        p.send_batch([Message("halt", b"%d" % i) for i in range(30)])  # one pull brings all 30
+    seen: list[int] = []
+
+    def stopping(m) -> None:
+        seen.append(m.queue_offset)
+        if m.queue_offset == 9:
+            c.stop_handling()
+
+    c = Consumer("halt-g", file_broker.address, consume_from="first").subscribe("halt")
+    c.start(stopping)
+    try:
+        assert wait_until(lambda: 9 in seen, 20)
+        time.sleep(0.5)  # time to hand out more, were it going to
+    finally:
+        c.close()
+    assert seen == list(range(10)), "a message was handed out after stop_handling()"
+    again: list[int] = []
+    c2 = Consumer("halt-g", file_broker.address, consume_from="first").subscribe("halt")
+    c2.start(lambda m: again.append(m.queue_offset))
+    try:
+        assert wait_until(lambda: 29 in again, 20)
+    finally:
+        c2.close()
+    assert set(again) >= set(range(10, 30)), "unhandled messages were committed"
 
 
 def test_the_next_pull_is_in_flight_while_a_full_batch_is_handled(file_broker):

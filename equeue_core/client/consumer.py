@@ -73,15 +73,16 @@ def checked_backlog_queues(value: Any) -> int:
 
 def run_handler(handler: Callable[..., Any], batch_size: int, msgs: list[ReceivedMessage],
                 results: list[bool | None], base: int = 0, stop_on_failure: bool = False,
-                keep_going: Callable[[], bool] | None = None) -> bool:
+                keep_going: Callable[[], bool] | None = None, halt: Any = None) -> bool:
     """Call a blocking handler over msgs in this thread: one message a call, or lists of
     `batch_size` when that is above 1. results[base + i] becomes True (handled) or False (it
-    raised); a message not run stays None. Before each call keep_going() may say stop; with
-    stop_on_failure the first failure stops the run. False if it stopped early. The one place
-    both the push Consumer's workers and its pulling handler threads run user code."""
+    raised); a message not run stays None. Before each call the run stops if `halt.halted` is
+    True (a flag another thread raises; read as an attribute, no call) or keep_going() says
+    stop; with stop_on_failure the first failure stops the run. False if it stopped early. The
+    one place both the push Consumer's workers and its pulling handler threads run user code."""
     if batch_size > 1:
         for i in range(0, len(msgs), batch_size):
-            if keep_going is not None and not keep_going():
+            if (halt is not None and halt.halted) or (keep_going is not None and not keep_going()):
                 return False
             part = msgs[i:i + batch_size]
             try:
@@ -96,7 +97,7 @@ def run_handler(handler: Callable[..., Any], batch_size: int, msgs: list[Receive
                 return False
         return True
     for i, m in enumerate(msgs, base):
-        if keep_going is not None and not keep_going():
+        if (halt is not None and halt.halted) or (keep_going is not None and not keep_going()):
             return False
         try:
             handler(m)
@@ -262,8 +263,7 @@ class AsyncConsumer:
             self._pool = concurrent.futures.ThreadPoolExecutor(self.threads, thread_name_prefix=f"equeue-{self.group}")
             if not self.orderly:
                 self._batches = HandlerPool(self.threads, self.parallel_per_queue, self._run_chunk,
-                                            self._batch_done, self._keep_handing_out,
-                                            asyncio.get_running_loop(), f"equeue-{self.group}-batch",
+                                            self._batch_done, asyncio.get_running_loop(), f"equeue-{self.group}-batch",
                                             self._count_handled)
         self._conn = await BrokerConnection(self.broker, on_push=self._on_push, **self._credentials).connect()
         info = (await self._conn.request(Code.BROKER_INFO)).header
@@ -287,7 +287,14 @@ class AsyncConsumer:
         """Hand no more messages to the handler (thread-safe; a handler may call it). A call in
         progress finishes; messages not handed out stay uncommitted, so the group gets them
         again. For a consumer that stops early (a count reached); call close() next."""
+        self._stop_handing_out()
+
+    def _stop_handing_out(self) -> None:
+        """(any thread) From now on no message reaches the handler: the flag the other paths read
+        before each call, and the handler pool's halt (its workers read their batch's flag)."""
         self._handing_out = False
+        if self._batches is not None:
+            self._batches.halt()
 
     def _keep_handing_out(self) -> bool:
         return self._handing_out
@@ -671,27 +678,30 @@ class AsyncConsumer:
     # ---------------------------------------------------------------- handling
 
     def _run_chunk(self, msgs: list[ReceivedMessage] | PulledBatch, results: list[bool | None],
-                   stop_on_failure: bool = False, keep_going: Callable[[], bool] | None = None) -> None:
+                   stop_on_failure: bool = False, keep_going: Callable[[], bool] | None = None,
+                   halt: BatchRun | None = None) -> None:
         """Runs on a worker thread: call the handler, record success or failure per message
         (orderly: stop at the first failure, leaving the rest unrun). Before each call,
-        keep_going() may say stop (an orderly lock is gone): the rest stays unrun (None). A
-        PulledBatch is decoded a chunk at a time, just before its messages are handed out."""
+        keep_going() may say stop (an orderly lock is gone) and `halt.halted` (the handler
+        pool's flag) may be raised: the rest stays unrun (None). A PulledBatch is decoded a chunk
+        at a time, just before its messages are handed out."""
         if type(msgs) is PulledBatch:
             n = len(msgs)
             step = self.consume_batch_size * max(1, DECODE_CHUNK // self.consume_batch_size)
             for lo in range(0, n, step):
                 if not self._run_messages(msgs.decode(lo, min(n, lo + step)), results, lo, stop_on_failure,
-                                          keep_going):
+                                          keep_going, halt):
                     return
             return
-        self._run_messages(msgs, results, 0, stop_on_failure, keep_going)
+        self._run_messages(msgs, results, 0, stop_on_failure, keep_going, halt)
 
     def _run_messages(self, msgs: list[ReceivedMessage], results: list[bool | None], base: int,
-                      stop_on_failure: bool, keep_going: Callable[[], bool] | None) -> bool:
+                      stop_on_failure: bool, keep_going: Callable[[], bool] | None,
+                      halt: BatchRun | None = None) -> bool:
         """_run_chunk over msgs, whose results start at results[base]; False if it stopped early."""
         assert self._handler is not None
         return run_handler(self._handler, self.consume_batch_size, msgs, results, base, stop_on_failure,
-                           keep_going)
+                           keep_going, halt)
 
     async def _run_chunk_async(self, msgs: list[ReceivedMessage], results: list[bool | None],
                                stop_on_failure: bool = False,
@@ -982,7 +992,7 @@ class AsyncConsumer:
         if not self._running:
             return
         self._running = False
-        self._handing_out = False  # the calls in progress finish; buffered messages stay unhandled
+        self._stop_handing_out()  # the calls in progress finish; buffered messages stay unhandled
         if self._rebalance_soon is not None:
             self._rebalance_soon.cancel()
         for t in self._background:

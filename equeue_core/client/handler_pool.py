@@ -38,7 +38,11 @@ Guarantees:
 - A batch still running `timeout` seconds after it started is finished at once by `expire()`: its
   unrun and unfinished messages count as failed (`on_done` gets it then, and never again), it
   hands out nothing more, and its queue goes on on another thread.
-- No batch of a dropped queue, and none at all once `keep_going()` says stop, is started.
+- No batch of a dropped queue, and none at all once `halt()` was called, is started; a batch
+  running then hands out no further message (the call in progress finishes). The worker reads a
+  plain flag before each message (`BatchRun.halted`), set by `halt()` and by `expire()`: a
+  callable asked before each message (two Python calls) was a tenth of a worker's CPU when
+  draining a backlog (docs/benchmarks.md, "The handler's stop check: a flag, not a call").
 """
 
 from __future__ import annotations
@@ -55,13 +59,16 @@ from equeue_core.client.process_queue import ProcessQueue
 from equeue_core.client.pulled_batch import PulledBatch
 
 Batch = list[ReceivedMessage] | PulledBatch  # messages, or a pull answer decoded by the worker
-RunChunk = Callable[[Batch, list[Any], bool, Callable[[], bool]], None]
+# run_chunk(msgs, results, stop_on_failure, keep_going, halt): the pool passes keep_going None and
+# the BatchRun as `halt` (its `halted` flag, read before each message)
+RunChunk = Callable[[Batch, list[Any], bool, Callable[[], bool] | None, "BatchRun"], None]
 
 
 class BatchRun:
-    """One batch on a worker: results[i] is True (handled), False (failed) or None (not run)."""
+    """One batch on a worker: results[i] is True (handled), False (failed) or None (not run).
+    `halted`: hand out no further message of it (set under the pool's lock by halt() or expire())."""
 
-    __slots__ = ("pq", "msgs", "results", "started", "expired")
+    __slots__ = ("pq", "msgs", "results", "started", "expired", "halted")
 
     def __init__(self, pq: ProcessQueue, msgs: Batch) -> None:
         self.pq = pq
@@ -69,6 +76,7 @@ class BatchRun:
         self.results: list[bool | None] = [None] * len(msgs)
         self.started = time.monotonic()
         self.expired = False
+        self.halted = False
 
 
 class _Worker:
@@ -86,15 +94,14 @@ class HandlerPool:
     """Up to `threads` worker threads (started as needed) for one consumer; see the module docstring."""
 
     def __init__(self, threads: int, parallel_per_queue: int, run_chunk: RunChunk,
-                 on_done: Callable[[BatchRun], None], keep_going: Callable[[], bool],
-                 loop: asyncio.AbstractEventLoop, name: str,
+                 on_done: Callable[[BatchRun], None], loop: asyncio.AbstractEventLoop, name: str,
                  count_handled: Callable[[int], None] = lambda n: None) -> None:
         self._max_threads = max(1, threads)
         self._parallel = max(1, parallel_per_queue)
         self._run_chunk = run_chunk
         self._on_done = on_done
         self._count_handled = count_handled
-        self._keep_going = keep_going
+        self._halted = False  # halt() was called: no batch starts, running ones stop handing out
         self._loop = loop
         self._name = name
         self._line: deque[ProcessQueue] = deque()  # queues waiting for a thread (lock held)
@@ -154,7 +161,7 @@ class HandlerPool:
         with self._lock:
             for run in list(self._running):
                 if now - run.started >= timeout:
-                    run.expired = True
+                    run.expired = run.halted = True
                     self._stuck += 1
                     self._count_handled(run.results.count(True))
                     self._running.discard(run)
@@ -162,7 +169,7 @@ class HandlerPool:
                     pq = run.pq  # its worker is stuck: the queue goes on on another thread
                     pq.running -= 1
                     self._slots -= 1
-                    if pq.waiting and not pq.dropped and not self._closed and self._keep_going():
+                    if pq.waiting and not pq.dropped and not self._closed and not self._halted:
                         self._schedule(pq)
         for run in expired:
             run.results = [r is True for r in run.results]
@@ -198,6 +205,15 @@ class HandlerPool:
             self.collect()
         self.collect()
         return True
+
+    def halt(self) -> None:
+        """Hand out nothing more (any thread; a handler may call it): no batch starts from now on,
+        and a running one stops before its next message (the call in progress finishes; what is
+        not run stays None in its results)."""
+        with self._lock:
+            self._halted = True
+            for run in self._running:
+                run.halted = True
 
     def shutdown(self, wait: bool) -> None:
         """Stop the threads once they finish what they run (wait: join them)."""
@@ -251,7 +267,7 @@ class HandlerPool:
         turns = 0
         while True:
             with self._lock:
-                if not pq.waiting or pq.dropped or self._closed or not self._keep_going():
+                if not pq.waiting or pq.dropped or self._closed or self._halted:
                     pq.running -= 1
                     self._slots -= 1
                     return False
@@ -261,7 +277,7 @@ class HandlerPool:
                 run = BatchRun(pq, pq.waiting.popleft())
                 self._running.add(run)
             turns += 1
-            self._run_chunk(run.msgs, run.results, False, lambda r=run: not r.expired and self._keep_going())
+            self._run_chunk(run.msgs, run.results, False, None, run)
             results = run.results
             handled = results.count(True)
             with self._lock:
