@@ -171,6 +171,40 @@ def test_failed_messages_retry_with_growing_delays_then_land_in_dlq(fast_broker,
         assert sum(hi for _, hi in admin.queue_ranges("work")) == 110
 
 
+@pytest.mark.parametrize("model", MODELS)
+def test_failures_anywhere_in_a_batch_handed_out_in_chunks_are_sent_back_and_the_batch_consumed(fast_broker, model):
+    """An answer is handed out a chunk at a time (client/pulled_batch.py decoded_chunks) by both
+    models: the failures of every chunk, not only the first, go back to the broker and come back
+    as retries, and the whole batch counts as consumed once handled."""
+    _create(fast_broker.address, "chunks", 1)
+    with Producer(fast_broker.address) as p:
+        p.send_batch([Message("chunks", b"%d" % i) for i in range(300)])  # one pull brings all 300
+    failing = {7, 70, 150, 299}  # in the first, second, third and last chunk
+    tries: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def handler(m):
+        n = int(m.body)
+        with lock:
+            tries[n] = tries.get(n, 0) + 1
+        if n in failing and m.reconsume_times == 0:
+            raise ValueError("fails once")
+
+    c = Consumer("gchunks", fast_broker.address, consume_from="first", threads=1, **FAST, **model).subscribe("chunks")
+    c.start(handler)
+    try:
+        assert wait_until(lambda: len(tries) == 300 and all(tries.get(n) == 2 for n in failing), 30), \
+            {n: tries.get(n) for n in failing}
+        with AdminClient(fast_broker.address) as admin:
+            def committed():
+                rows = admin.groups("gchunks").get("gchunks", {}).get("queues", [])
+                return {r["queue_id"]: r["committed"] for r in rows if r["topic"] == "chunks"}
+            assert wait_until(lambda: committed() == {0: 300}, 20), committed()
+    finally:
+        c.close()
+    assert all(t == 1 for n, t in tries.items() if n not in failing), "a handled message came again"
+
+
 def test_a_handler_past_consume_timeout_counts_as_failed(fast_broker):
     with Producer(fast_broker.address) as p:
         p.send(Message("slow", b"sleepy"))

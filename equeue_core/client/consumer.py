@@ -33,7 +33,7 @@ from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
 from equeue_core.client.pull_batch import PULL_BATCH_CEILING, PULL_BATCH_FLOOR, AdaptivePullBatch
-from equeue_core.client.pulled_batch import DECODE_CHUNK, PulledBatch
+from equeue_core.client.pulled_batch import PulledBatch, decoded_chunks
 from equeue_core.codes import Code, PullStatus
 from equeue_core.errors import (
     ClientClosedError,
@@ -686,11 +686,8 @@ class AsyncConsumer:
         pool's flag) may be raised: the rest stays unrun (None). A PulledBatch is decoded a chunk
         at a time, just before its messages are handed out."""
         if type(msgs) is PulledBatch:
-            n = len(msgs)
-            step = self.consume_batch_size * max(1, DECODE_CHUNK // self.consume_batch_size)
-            for lo in range(0, n, step):
-                if not self._run_messages(msgs.decode(lo, min(n, lo + step)), results, lo, stop_on_failure,
-                                          keep_going, halt):
+            for lo, chunk in decoded_chunks(msgs, self.consume_batch_size):
+                if not self._run_messages(chunk, results, lo, stop_on_failure, keep_going, halt):
                     return
             return
         self._run_messages(msgs, results, 0, stop_on_failure, keep_going, halt)

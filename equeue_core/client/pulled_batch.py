@@ -21,6 +21,7 @@ Guarantees:
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
 from equeue_core import record
 from equeue_core.client.message import ReceivedMessage, decode_batch
@@ -55,3 +56,14 @@ class PulledBatch:
     def offset_at(self, i: int) -> int:
         """Record i's queue offset."""
         return _QUEUE_OFFSET.unpack_from(self.buf, self.starts[i] + _QUEUE_OFFSET_AT)[0]
+
+
+def decoded_chunks(batch: PulledBatch, handler_batch: int = 1) -> Iterator[tuple[int, list[ReceivedMessage]]]:
+    """(first index, messages) of each chunk of `batch`, decoded just before it is handed out:
+    about DECODE_CHUNK messages at a time, a whole number of `handler_batch`-sized handler calls
+    (a handler that takes lists gets them whole). A chunk's messages are freed once the caller
+    drops them, before the next chunk is made."""
+    n = len(batch)
+    step = handler_batch * max(1, DECODE_CHUNK // handler_batch)
+    for lo in range(0, n, step):
+        yield lo, batch.decode(lo, min(n, lo + step))

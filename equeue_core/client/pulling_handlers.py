@@ -48,6 +48,7 @@ from equeue_core.client.consumer import AsyncConsumer, checked_backlog_queues, r
 from equeue_core.client.lite_pull import LitePullConsumer, QueueKey, _Membership, _no_handler
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage
+from equeue_core.client.pulled_batch import PulledBatch, decoded_chunks
 from equeue_core.errors import ClientClosedError, ConfigError, CorruptRecordError, EQueueError
 
 log = logging.getLogger("equeue.consumer")
@@ -194,7 +195,7 @@ class PullingHandlerConsumer:
                 if self._parked[index]:
                     self._check_parked(index, lp)
                 try:
-                    msgs = lp.poll(POLL_WAIT)
+                    msgs = lp._poll_batch(POLL_WAIT)
                 except ClientClosedError:
                     return
                 except CorruptRecordError as e:
@@ -211,13 +212,12 @@ class PullingHandlerConsumer:
             if msgs is None:
                 self._sleep(backoff)
 
-    def _handle(self, index: int, lp: LitePullConsumer, msgs: list[ReceivedMessage]) -> None:
+    def _handle(self, index: int, lp: LitePullConsumer, batch: list[ReceivedMessage] | PulledBatch) -> None:
         """Run the handler over one queue's batch and send back what failed (handled again here
         while a send-back fails); then the batch counts as consumed. A batch cut short stays
         unconsumed: by stop_handling() or close() (the thread stops polling), or by a rebalance
         that took its queue away (the queue goes back to its last consumed offset, so the next
         poll, which drops the queue and commits it, commits none of this batch)."""
-        assert self._handler is not None
         key = lp.last_queue
         assignment = self._members.assignment
         then = assignment()  # a new tuple on every rebalance: `is` finds a change in one step
@@ -228,12 +228,14 @@ class PullingHandlerConsumer:
             now = assignment()
             return now is then or key in now[1]
 
+        msgs = batch
         while True:
-            results: list[bool | None] = [None] * len(msgs)
-            run_handler(self._handler, self.consume_batch_size, msgs, results, keep_going=keep_going)
-            if None in results:
+            failed = self._run_batch(msgs, keep_going)
+            if failed is None:
                 break
-            msgs = self._settle(index, msgs, results)
+            self._handled[index] += len(msgs) - len(failed)
+            self._failed[index] += len(failed)
+            msgs = [m for m in failed if not self._send_back(m)]  # those the broker did not take
             if not msgs:
                 lp.done()
                 return
@@ -242,15 +244,20 @@ class PullingHandlerConsumer:
         if self._handing_out and key is not None and key in lp._queues:
             lp.seek(key[0], key[1], lp._queues[key].consumed)
 
-    def _settle(self, index: int, msgs: list[ReceivedMessage], results: list[bool | None]) -> list[ReceivedMessage]:
-        """Count a handled batch and send back its failures; those the broker did not take."""
-        if False not in results:
-            self._handled[index] += len(msgs)
-            return []
-        failed = [m for m, ok in zip(msgs, results, strict=True) if not ok]
-        self._handled[index] += len(msgs) - len(failed)
-        self._failed[index] += len(failed)
-        return [m for m in failed if not self._send_back(m)]
+    def _run_batch(self, msgs: list[ReceivedMessage] | PulledBatch,
+                   keep_going: Callable[[], bool]) -> list[ReceivedMessage] | None:
+        """Call the handler over msgs (a PulledBatch decoded a chunk at a time): the messages that
+        failed, or None if keep_going() stopped the run first."""
+        assert self._handler is not None
+        chunks = decoded_chunks(msgs, self.consume_batch_size) if type(msgs) is PulledBatch else ((0, msgs),)
+        failed: list[ReceivedMessage] = []
+        for _, chunk in chunks:
+            results: list[bool | None] = [None] * len(chunk)
+            if not run_handler(self._handler, self.consume_batch_size, chunk, results, keep_going=keep_going):
+                return None
+            if False in results:
+                failed += [m for m, ok in zip(chunk, results, strict=True) if not ok]
+        return failed
 
     def _park(self, index: int, lp: LitePullConsumer, error: CorruptRecordError) -> None:
         """The broker refuses a record of a queue as corrupt: retrying cannot help, so the queue
