@@ -49,7 +49,7 @@ from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
 from equeue_core.client.pull_batch import PULL_BATCH_CEILING, PULL_BATCH_FLOOR, AdaptivePullBatch
-from equeue_core.client.pulled_batch import PulledBatch
+from equeue_core.client.pulled_batch import DECODE_CHUNK, PulledBatch
 from equeue_core.codes import Code, PullStatus
 from equeue_core.contracts import PipelinedBlockingConnection
 from equeue_core.errors import (
@@ -380,8 +380,9 @@ class LitePullConsumer:
         return self._poll_guarded(timeout, False)  # type: ignore[return-value]
 
     def _poll_batch(self, timeout: float) -> list[ReceivedMessage] | PulledBatch:
-        """poll(), for the pulling handler threads (client/pulling_handlers.py): an answer without
-        a tag filter comes back undecoded, as a PulledBatch the caller decodes a chunk at a time.
+        """poll(), for the pulling handler threads (client/pulling_handlers.py): an answer of more
+        than DECODE_CHUNK messages without a tag filter comes back undecoded, as a PulledBatch the
+        caller decodes a chunk at a time (a smaller one is decoded whole, as poll() does).
         Why: a whole answer decoded at once (up to 1024 messages) is that many objects alive
         together, and the collector ran a young-generation pass or two on every answer while a
         handler went through them (py-spy of a drain: 42 % of the threads' samples on the
@@ -529,7 +530,7 @@ class LitePullConsumer:
             self._end_turn(queue)
         msgs: list[ReceivedMessage] | PulledBatch = []
         if h.get("count"):
-            if raw and queue.tags is None:  # (raw: an answer without a tag filter stays bytes)
+            if raw and queue.tags is None and h["count"] > DECODE_CHUNK:  # stays bytes (_poll_batch)
                 msgs = PulledBatch(frame.body, self._id_prefix or "")
             else:
                 msgs = decode_batch(frame.body, self._id_prefix or "")
