@@ -73,7 +73,7 @@ def checked_backlog_queues(value: Any) -> int:
 
 def run_handler(handler: Callable[..., Any], batch_size: int, msgs: list[ReceivedMessage],
                 results: list[bool | None], base: int = 0, stop_on_failure: bool = False,
-                keep_going: Callable[[], bool] | None = None, halt: Any = None) -> bool:
+                keep_going: Callable[[], bool] | None = None, halt: BatchRun | None = None) -> bool:
     """Call a blocking handler over msgs in this thread: one message a call, or lists of
     `batch_size` when that is above 1. results[base + i] becomes True (handled) or False (it
     raised); a message not run stays None. Before each call the run stops if `halt.halted` is

@@ -42,7 +42,7 @@ Guarantees:
   running then hands out no further message (the call in progress finishes). The worker reads a
   plain flag before each message (`BatchRun.halted`), set by `halt()` and by `expire()`: a
   callable asked before each message (two Python calls) was a tenth of a worker's CPU when
-  draining a backlog (docs/benchmarks.md, "The handler's stop check: a flag, not a call").
+  draining a backlog (docs/benchmarks.md, "The handler's stop check: a flag, not a call, ...").
 """
 
 from __future__ import annotations

@@ -386,7 +386,7 @@ class LitePullConsumer:
         Why: a whole answer decoded at once (up to 1024 messages) is that many objects alive
         together, and the collector ran a young-generation pass or two on every answer while a
         handler went through them (py-spy of a drain: 42 % of the threads' samples on the
-        decode's line, docs/benchmarks.md)."""
+        decode's line; docs/benchmarks.md, "... pulling threads decode a chunk at a time")."""
         return self._poll_guarded(timeout, True)
 
     def _poll_guarded(self, timeout: float, raw: bool) -> list[ReceivedMessage] | PulledBatch:
