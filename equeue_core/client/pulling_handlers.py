@@ -219,13 +219,13 @@ class PullingHandlerConsumer:
         that took its queue away (the queue goes back to its last consumed offset, so the next
         poll, which drops the queue and commits it, commits none of this batch)."""
         key = lp.last_queue
-        assignment = self._members.assignment
-        then = assignment()  # a new tuple on every rebalance: `is` finds a change in one step
+        members = self._members
+        then = members.assignment()  # a new tuple on every rebalance: `is` finds a change in one step
 
-        def keep_going() -> bool:  # before each message: cheap while nothing changed
+        def keep_going() -> bool:  # before each message: one call, attribute reads while nothing changed
             if not self._handing_out:
                 return False
-            now = assignment()
+            now = members._published  # what assignment() returns, without a second call a message
             return now is then or key in now[1]
 
         msgs = batch
