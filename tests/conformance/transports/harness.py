@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import shutil
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,7 +22,7 @@ import pytest
 import uvloop
 
 from equeue_core.contracts import ServerConnection, TransportSettings
-from equeue_core.errors import ConnectionLostError
+from equeue_core.errors import ConnectionLostError, RequestTimeoutError
 from equeue_core.frame import Frame
 from equeue_core.plugins import get_plugin_manager
 from tests.helpers.waiting import wait_until_async as wait_until  # noqa: F401  (the kit's name for it)
@@ -237,6 +238,44 @@ async def request_once_reconnected(client: Any, frame: Frame, tries: int = 50) -
         except ConnectionLostError:
             await asyncio.sleep(0.1)
     return await client.request(frame, 5)
+
+
+class OwnAnswers:
+    """The answers of requests made with a callback (request_now, write_from_thread), each under
+    its own index: `done_for(i)` is request i's callback, which records the answer's header "i" and
+    body in `seen[i]`, fails on a second call, and notes the thread it ran on in `threads`."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, tuple[int, bytes]] = {}
+        self.threads: set[int] = set()
+
+    def done_for(self, i: int) -> Callable[[Any], None]:
+        def done(request: Any) -> None:
+            self.threads.add(threading.get_ident())
+            assert i not in self.seen, f"done of {i} ran twice"
+            frame = request.result()
+            self.seen[i] = (frame.header["i"], bytes(frame.body))
+        return done
+
+
+async def timed_out_once(outcome: list[BaseException | None], started: float) -> None:
+    """A callback request's outcome: one RequestTimeoutError, within 3 s of `started` (loop time;
+    callback requests' deadlines are checked about once a second)."""
+    loop = asyncio.get_running_loop()
+    await wait_until(lambda: bool(outcome), timeout=5, what="the timeout")
+    assert isinstance(outcome[0], RequestTimeoutError)
+    assert loop.time() - started < 3.0
+    await asyncio.sleep(0.1)
+    assert len(outcome) == 1
+
+
+async def lost_by_a_server_stop(r: Restartable, outcome: list[BaseException | None]) -> None:
+    """Stop r's server while it holds the SLEEP request just written; its callback's outcome
+    must be ConnectionLostError."""
+    await wait_until(lambda: r.handler.requests and r.handler.requests[-1].code == SLEEP, what="the request")
+    await r.server.close()
+    await wait_until(lambda: bool(outcome), timeout=10, what="the failure")
+    assert isinstance(outcome[0], ConnectionLostError)
 
 
 def settings(**overrides: Any) -> TransportSettings:
