@@ -144,6 +144,69 @@ def test_a_held_pull_is_freed_by_reference_counting_however_it_ends(how):
     assert calls == {"arrival": [False, False], "deadline": [True], "cancelled": []}[how]
 
 
+def _answered_at(pulls: list[tuple[float, float]], early: dict[int, float] | None = None
+                 ) -> tuple[dict[int, float], list]:
+    """Park a pull on queue i at pulls[i] = (seconds after the start, hold length), answer the
+    pulls in `early` (queue -> seconds after the start) by an arrival, and wait for the rest to
+    time out. Returns queue -> seconds from the start to its answer, and what PullHold's groups
+    looked like once every pull was parked and at the end (hold ms -> pulls)."""
+    hold = PullHold()
+    answered: dict[int, float] = {}
+    parked: dict[int, HeldPull] = {}
+
+    async def main() -> list:
+        loop = asyncio.get_running_loop()
+        start = time.monotonic()
+
+        def park(queue_id: int, seconds: float) -> None:
+            pull = HeldPull(hold, "t", queue_id, time.monotonic() + seconds,
+                            lambda final: Frame(2, 9, 0, {"status": 0}) if final else None)
+            pull.late.listen(lambda frame: answered.setdefault(queue_id, time.monotonic() - start))
+            parked[queue_id] = pull
+
+        for queue_id, (at, seconds) in enumerate(pulls):
+            loop.call_later(at, park, queue_id, seconds)
+        for queue_id, at in (early or {}).items():
+            loop.call_later(at, lambda q=queue_id: parked[q]._attempt(True))
+        while len(parked) < len(pulls):
+            await asyncio.sleep(0.001)
+        groups = [hold.deadline_timers]
+        for _ in range(300):
+            if len(answered) == len(pulls):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(max(at + seconds for at, seconds in pulls) + 0.05)  # every timer fired again
+        groups.append(hold.deadline_timers)
+        return groups
+
+    return answered, asyncio.run(main())
+
+
+def test_pulls_of_several_hold_lengths_are_each_answered_at_their_own_deadline_under_one_timer_a_length():
+    """Deadlines are kept per hold length, one loop timer a length (PullHold.expire_at): pulls
+    parked out of deadline order are still answered in it, none before its deadline, and no
+    group is left once they are."""
+    holds = [0.15, 0.05, 0.10, 0.05, 0.15]
+    answered, (parked, after) = _answered_at([(0.0, seconds) for seconds in holds])
+    assert parked == {150: 2, 50: 2, 100: 1}
+    assert after == {}
+    assert sorted(answered) == list(range(len(holds)))
+    for queue_id, seconds in enumerate(holds):
+        assert seconds - 0.002 <= answered[queue_id] < seconds + 2.0, (queue_id, answered)
+    assert answered[1] <= answered[2] <= answered[0] and answered[3] <= answered[4]
+
+
+def test_a_pull_behind_one_answered_early_times_out_at_its_own_deadline():
+    """Two pulls of one hold length, parked 30 ms apart: the group's timer is set for the first
+    one's deadline, and that pull is answered early by an arrival. Firing, the timer must set
+    itself again for the second pull, neither answering it early nor dropping it."""
+    answered, (parked, after) = _answered_at([(0.0, 0.1), (0.03, 0.1)], early={0: 0.01})
+    assert parked == {100: 1}  # the first was answered before the second parked: one pull left
+    assert answered[0] < 0.1
+    assert 0.13 - 0.002 <= answered[1] < 2.13
+    assert after == {}
+
+
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     with BrokerProcess(tmp_path_factory.mktemp("held") / "data") as b:

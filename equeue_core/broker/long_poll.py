@@ -13,17 +13,25 @@ end-to-end latency to about a third, docs/benchmarks.md.)
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 
 from equeue_core.frame import Frame
 
+log = logging.getLogger(__name__)
+
 Waker = Callable[[], None]
 
 
 class PullHold:
+    """The held pulls of one broker, by queue (for arrivals) and by hold length (for deadlines).
+    Used from one event loop for its whole life (the broker's): the deadline timers are that
+    loop's."""
+
     def __init__(self) -> None:
         self._waiting: dict[tuple[str, int], list[Waker]] = {}
+        self._expiries: dict[int, _Expiry] = {}  # hold length in ms -> its pulls' deadlines
 
     def park(self, topic: str, queue_id: int, woken: Waker) -> None:
         """Call `woken()` at the next arrival on the queue (once; park again to wait again)."""
@@ -61,36 +69,114 @@ class PullHold:
     def held(self) -> int:
         return sum(len(w) for w in self._waiting.values())
 
+    @property
+    def deadline_timers(self) -> dict[int, int]:
+        """Hold length in ms -> pulls waiting for their deadline under that group's one timer."""
+        return {key: len(group.pulls) for key, group in self._expiries.items()}
+
+    def expire_at(self, pull: HeldPull, deadline: float) -> int:
+        """Answer `pull` as final (`_attempt(True)`) once `deadline` (time.monotonic()) passes,
+        unless `unexpire` comes first. Returns the key `unexpire` needs.
+
+        Pulls are grouped by hold length: within a group each deadline is its parking time plus
+        the same hold, so parking order is deadline order and the group's dict (insertion
+        ordered) is its queue, the earliest first. One loop timer a group, set for its first
+        deadline: a pull answered early only leaves its group's dict, and the timer, when it
+        fires, answers what is due and sets itself for the next. A timer of its own for every
+        held pull (call_later, then cancel when an arrival answers it) cost the broker ~4 us of
+        its ~100 a message at 5k msg/s (docs/benchmarks.md)."""
+        now = time.monotonic()
+        key = round((deadline - now) * 1000)
+        group = self._expiries.get(key)
+        if group is None:
+            group = self._expiries[key] = _Expiry()
+        group.pulls[pull] = deadline
+        if group.timer is None:
+            group.timer = asyncio.get_running_loop().call_later(max(0.0, deadline - now), self._expired, key)
+        return key
+
+    def unexpire(self, pull: HeldPull, key: int) -> None:
+        """Forget `pull`'s deadline (it was answered or cancelled). The group's timer stays: it
+        finds the next deadline when it fires, or an empty group and ends it."""
+        group = self._expiries.get(key)
+        if group is not None:
+            group.pulls.pop(pull, None)
+
+    def _expired(self, key: int) -> None:
+        """The timer of group `key`: answer every pull due (deadline order), then set the timer
+        for the first one left. A timer may fire up to a millisecond early (uvloop counts in ms),
+        as a pull's own timer could: such a pull is due."""
+        group = self._expiries[key]
+        group.timer = None
+        pulls = group.pulls
+        limit = time.monotonic() + _EARLY
+        due = []
+        for pull, deadline in pulls.items():
+            if deadline > limit:
+                break
+            due.append(pull)
+        for pull in due:
+            del pulls[pull]
+            try:
+                pull.expired()
+            except Exception:  # (answers must not raise) the other due pulls are answered anyway
+                log.exception("answering a held pull at its deadline failed")
+        if group.timer is not None:
+            return  # a pull parked while the due ones were answered set it
+        if pulls:
+            delay = max(0.0, next(iter(pulls.values())) - time.monotonic())
+            group.timer = asyncio.get_running_loop().call_later(delay, self._expired, key)
+        else:
+            del self._expiries[key]
+
+
+_EARLY = 0.001  # how early a deadline may be taken as passed (the loop's timers count in ms)
+
+
+class _Expiry:
+    """The held pulls of one hold length and their deadlines, earliest first, and the one loop
+    timer set for the earliest (PullHold.expire_at)."""
+
+    __slots__ = ("pulls", "timer")
+
+    def __init__(self) -> None:
+        self.pulls: dict[HeldPull, float] = {}
+        self.timer: asyncio.TimerHandle | None = None
+
 
 class HeldPull:
-    """One pull parked on its queue until an arrival (PullHold.notify) or its deadline (a loop
-    timer), then answered once through `late`. `answer(final)` gives the pull's answer frame, or
-    None to stay parked (nothing for it yet and not `final`); it must not raise.
+    """One pull parked on its queue until an arrival (PullHold.notify) or its deadline (PullHold's
+    timer of its hold length), then answered once through `late`. `answer(final)` gives the
+    pull's answer frame, or None to stay parked (nothing for it yet and not `final`); it must not
+    raise.
 
-    Plain references, all dropped when the pull ends (timer cancelled, waker unparked, done
+    Plain references, all dropped when the pull ends (deadline forgotten, waker unparked, done
     callback removed), so an answered pull is freed by reference counting. (Written as closures
     that called each other, every held pull was a reference cycle of some 25 objects left to the
     cyclic GC: at 5k msg/s its collections paused the broker's loop for 0.2-2 ms every few
     milliseconds, and for 20 ms now and then, docs/benchmarks.md.)"""
 
-    __slots__ = ("_hold", "_topic", "_queue_id", "_answer", "late", "_timer")
+    __slots__ = ("_hold", "_topic", "_queue_id", "_answer", "late", "_expiry")
 
     def __init__(self, hold: PullHold, topic: str, queue_id: int, deadline: float,
                  answer: Callable[[bool], Frame | None]) -> None:
         """`deadline`: time.monotonic() at which the pull is answered whatever it finds."""
-        loop = asyncio.get_running_loop()
         self._hold = hold
         self._topic = topic
         self._queue_id = queue_id
         self._answer = answer
-        self.late = LateAnswer(loop)
-        self._timer: asyncio.TimerHandle | None = loop.call_later(
-            max(0.0, deadline - time.monotonic()), self._attempt, True)
+        self.late = LateAnswer(asyncio.get_running_loop())
+        self._expiry: int | None = hold.expire_at(self, deadline)
         hold.park(topic, queue_id, self._woken)
         self.late.add_done_callback(self._forget)
 
     def _woken(self) -> None:
         self._attempt(False)
+
+    def expired(self) -> None:
+        """Its deadline passed (PullHold's timer, which has forgotten it already)."""
+        self._expiry = None
+        self._attempt(True)
 
     def _attempt(self, final: bool) -> None:
         late = self.late
@@ -109,9 +195,9 @@ class HeldPull:
             self._end()
 
     def _end(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._expiry is not None:
+            self._hold.unexpire(self, self._expiry)
+            self._expiry = None
         self._hold.discard(self._topic, self._queue_id, self._woken)
 
 
