@@ -94,6 +94,36 @@ def test_pull_for_unknown_topic_or_queue_is_a_typed_error(file_broker):
     _still_serves(file_broker.address)
 
 
+@pytest.mark.parametrize("field", ["topic", "queue_id", "offset", "max_count", "hold_ms"])
+@pytest.mark.parametrize("value", [True, 1.0, "1", None, [0]])
+def test_a_pull_field_of_the_wrong_type_is_a_protocol_error_naming_it(file_broker, field, value):
+    if field == "topic" and value == "1":
+        value = 1  # (a string is a topic's type)
+    """pull_now reads a header of the usual types without calls: every other value must still
+    get the general checks' error (a bool is not an integer; max_count and hold_ms may be
+    absent, not null)."""
+    with Producer(file_broker.address) as p:
+        p.send(Message("typed-pull", b"x"), routing_key="k")
+    header = {"group": "g", "topic": "typed-pull", "queue_id": 0, "offset": 0, "max_count": 1, "hold_ms": 0}
+    header[field] = value
+    if field == "topic" and value is None:
+        del header["topic"]
+    with pytest.raises(ProtocolError, match=repr(field)):
+        _request(file_broker.address, Code.PULL, header)
+
+
+def test_a_pull_count_and_hold_outside_their_bounds_are_clamped(file_broker):
+    """max_count below 1 reads one record, above 4096 at most 4096; a negative hold_ms is not held."""
+    with Producer(file_broker.address) as p:
+        queue_id = p.send_batch([Message("clamped-pull", b"%d" % i) for i in range(5000)], routing_key="k")[0].queue_id
+    header = {"group": "g", "topic": "clamped-pull", "queue_id": queue_id, "offset": 0, "hold_ms": 0}
+    assert _request(file_broker.address, Code.PULL, {**header, "max_count": 0}).header["count"] == 1
+    assert _request(file_broker.address, Code.PULL, {**header, "max_count": -5}).header["count"] == 1
+    assert _request(file_broker.address, Code.PULL, {**header, "max_count": 10**9}).header["count"] == 4096
+    empty = {**header, "offset": 5000, "max_count": 10, "hold_ms": -1}
+    assert _request(file_broker.address, Code.PULL, empty).header["count"] == 0  # answered at once
+
+
 def test_offset_out_of_range_is_a_typed_error(file_broker):
     with Producer(file_broker.address) as p:
         q = p.send(Message("range", b"x"), routing_key="k").queue_id

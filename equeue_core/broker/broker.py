@@ -90,6 +90,10 @@ class Broker:
         self.id_prefix = ""
         self.started = asyncio.Event()
         self.stats = {"received": 0, "pulled": 0}
+        # Bytes of records a pull answer carries at most: pull_max_bytes, but never more than a
+        # frame can carry (with room for the answer's header), whatever max_count a consumer asks
+        # for: an adaptive pull batch grows its max_count without knowing max_frame_size.
+        self._pull_max_bytes = max(1, min(config.pull_max_bytes, config.max_frame_size - PULL_HEADER_ROOM))
         self.busy_poll = BusyPoll(None, 0.0)  # off until start() has the loop
         self.registrar = None  # a BrokerRegistrar when config.nameserver names a cluster's name servers
         self.access = None  # an AccessGate when an authorizer is configured (docs/security.md)
@@ -451,13 +455,6 @@ class Broker:
                                "broker": f"{self.address[0]}:{self.address[1]}",
                                "id_prefix": self.id_prefix})
 
-    def _pull_max_bytes(self) -> int:
-        """Records per pull answer: pull_max_bytes, but never more than a frame can carry (with
-        room for the answer's header), whatever max_count a consumer asks for: an adaptive pull
-        batch grows its max_count without knowing the broker's max_frame_size."""
-        cfg = self.config
-        return max(1, min(cfg.pull_max_bytes, cfg.max_frame_size - PULL_HEADER_ROOM))
-
     async def on_pull(self, conn: ServerConnection, frame: Frame) -> Frame:
         answer = self.pull_now(conn, frame)
         if type(answer) is Frame:
@@ -467,17 +464,35 @@ class Broker:
     def pull_now(self, conn: ServerConnection, frame: Frame) -> Frame | Awaitable[Frame]:
         """The pull's first read now: its answer when it finds records (or an error, or the
         consumer asked not to be held), else an awaitable that holds the pull until records
-        arrive or hold_ms passes."""
+        arrive or hold_ms passes.
+
+        Every consumer's pull runs this, and at a steady rate every message costs one, so a
+        header of the usual types is read without calls (as in send_now); any other value goes
+        through the general checks, with their errors."""
         arrived = time.perf_counter()
         h = frame.header
-        topic = _str(h, "topic")
-        queue_id = _int(h, "queue_id")
-        offset = _int(h, "offset")
-        max_count = max(1, min(_int(h, "max_count", self.config.pull_batch), 4096))
-        hold_ms = max(0, min(_int(h, "hold_ms", self.config.long_poll_ms), 60_000))
+        topic = h.get("topic")
+        if type(topic) is not str:
+            topic = _str(h, "topic")
+        queue_id = h.get("queue_id")
+        if type(queue_id) is not int:
+            queue_id = _int(h, "queue_id")
+        offset = h.get("offset")
+        if type(offset) is not int:
+            offset = _int(h, "offset")
+        max_count = h.get("max_count")
+        if type(max_count) is not int:
+            max_count = _int(h, "max_count", self.config.pull_batch)
+        max_count = 1 if max_count < 1 else 4096 if max_count > 4096 else max_count
+        hold_ms = h.get("hold_ms")
+        if type(hold_ms) is not int:
+            hold_ms = _int(h, "hold_ms", self.config.long_poll_ms)
+        hold_ms = 0 if hold_ms < 0 else 60_000 if hold_ms > 60_000 else hold_ms
         tags = h.get("tags")
-        tag_hashes = frozenset(tags) if isinstance(tags, list) and tags else None
-        self.topics.check_queue(topic, queue_id)
+        tag_hashes = frozenset(tags) if tags and type(tags) is list else None
+        queues = self.topics.topics.get(topic)
+        if queues is None or not 0 <= queue_id < queues:
+            self.topics.check_queue(topic, queue_id)
         deadline = time.monotonic() + hold_ms / 1000
         res = self._pull_read(frame, topic, queue_id, offset, max_count, tag_hashes)
         if type(res) is Frame:
@@ -511,7 +526,7 @@ class Broker:
         """One read of a pull: the store's ReadResult, or the OFFSET_RESET answer to an offset
         outside the queue (OffsetOutOfRangeError itself if the consumer asked for `strict`)."""
         try:
-            return self.store.read_queue(topic, queue_id, offset, max_count, self._pull_max_bytes(),
+            return self.store.read_queue(topic, queue_id, offset, max_count, self._pull_max_bytes,
                                          tag_hashes)
         except CorruptRecordError as e:
             log.error("pull %s/%d of group %s refused: %s (skip it with `equeue groups skip`)",
