@@ -15,7 +15,7 @@ import time
 import pytest
 
 from equeue_core.client import Message, Producer
-from equeue_core.client.producer import LANE_DEPTH
+from equeue_core.client.producer import LANE_DEPTH, LANE_SPARSE_DEPTH, LANE_SPARSE_GAP_S
 from equeue_core.errors import TransportError
 from tests.helpers.broker import BrokerProcess, create_topic
 from tests.helpers.consume import stored_bodies
@@ -140,11 +140,47 @@ def test_close_waits_for_the_frames_on_the_lane_and_what_gathered_behind_them(tm
         finally:
             p.close()
         assert on_lane.result(0).topic == topic
-        assert p.lane_frames == lane_before + min(1 + behind_count, LANE_DEPTH)  # the rest gathered behind
+        # back to back, so after LANE_DEPTH the rest gathered behind (a sender that paused for
+        # LANE_SPARSE_GAP_S between two of them, preempted, may have put one more on the lane)
+        on_the_lane = p.lane_frames - lane_before
+        assert min(1 + behind_count, LANE_DEPTH) <= on_the_lane <= 1 + behind_count
         offsets = [on_lane.result(0).queue_offset] + [f.result(0).queue_offset for f in behind]
         assert offsets == sorted(offsets)
         assert stored_bodies(b.address, topic, 2 + behind_count) == \
             [b"first", b"on-lane"] + [f"behind-{i}".encode() for i in range(behind_count)]
+    finally:
+        b.stop()
+
+
+def test_a_sparse_sender_keeps_to_the_lane_while_its_broker_does_not_answer(tmp_path):
+    """A paced sender whose broker stalls for a moment: messages a few ms apart keep going on the
+    lane past LANE_DEPTH unanswered (up to LANE_SPARSE_DEPTH) instead of gathering behind it, and
+    back-to-back ones after them still gather (the lane stops at LANE_SPARSE_DEPTH either way).
+    Everything is stored once, in send order, when the broker goes on."""
+    spaced = 12
+    assert LANE_DEPTH < spaced < LANE_SPARSE_DEPTH and LANE_SPARSE_GAP_S < 0.004
+    b = BrokerProcess(tmp_path / "data").start()
+    try:
+        topic = create_topic(b, "lane-sparse-stall", 1)
+        with Producer(b.address, send_timeout=10) as p:
+            p.send_async(Message(topic, b"first")).result(30)  # the lane is open from here on
+            time.sleep(0.01)  # answered and booked: the producer is idle
+            lane_before = p.lane_frames
+            os.kill(b.proc.pid, signal.SIGSTOP)
+            try:
+                futures = []
+                for i in range(spaced):
+                    time.sleep(0.005)
+                    futures.append(p.send_async(Message(topic, f"spaced-{i}".encode())))
+                futures += [p.send_async(Message(topic, f"burst-{i}".encode())) for i in range(2 * LANE_SPARSE_DEPTH)]
+            finally:
+                os.kill(b.proc.pid, signal.SIGCONT)
+            results = [f.result(30) for f in futures]
+            on_the_lane = p.lane_frames - lane_before  # (counted as the lane's answers come)
+        assert spaced <= on_the_lane <= LANE_SPARSE_DEPTH  # LANE_DEPTH only, without the sparse rule
+        assert [r.queue_offset for r in results] == sorted(r.queue_offset for r in results)
+        assert stored_bodies(b.address, topic, 1 + len(futures)) == [b"first"] + \
+            [f"spaced-{i}".encode() for i in range(spaced)] + [f"burst-{i}".encode() for i in range(2 * LANE_SPARSE_DEPTH)]
     finally:
         b.stop()
 
