@@ -95,6 +95,28 @@ def _body(sent_ns: int) -> bytes:
     return struct.pack("<QQ", sent_ns, sent_ns) + b"\0" * (100 - STAMP_BYTES)
 
 
+def test_the_receivers_cpu_is_counted_from_its_first_message_every_cpu_every_messages():
+    lat = Latencies()
+    now = time.time_ns()
+    for _ in range(Latencies.CPU_EVERY):
+        lat.add(_body(now), now=now + 1000)
+    assert lat.summary()["receiver_cpu_us_per_msg"] is None  # one read so far: no span yet
+    for _ in range(Latencies.CPU_EVERY):
+        sum(range(2000))  # a receiver that does some work a message
+        lat.add(_body(now), now=now + 1000)
+    assert lat.summary()["receiver_cpu_us_per_msg"] > 0
+
+
+def test_paced_gives_the_sleeping_senders_cpu_and_none_for_a_spinning_one():
+    def send(i: int, due: int) -> None:
+        sum(range(20000))
+
+    sleeping = paced(20, 2000.0, False, send)
+    assert sleeping["count"] == 20 and sleeping["msgs_per_s"] > 0
+    assert sleeping["sender_cpu_us_per_msg"] > 0
+    assert paced(5, 2000.0, True, send)["sender_cpu_us_per_msg"] is None
+
+
 def test_paced_hands_each_send_its_slot_and_never_sends_before_it():
     slots: list[tuple[int, int, int]] = []
     paced(5, 1000.0, False, lambda i, due: slots.append((i, due, time.time_ns())))

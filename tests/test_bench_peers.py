@@ -99,6 +99,13 @@ def test_every_workload_row_is_well_formed(equeue_and_installed_peers, driver):
                 assert row["slow_episodes"] <= row["over_1ms"], row
                 assert (row["slow_episodes"] == 0) == (row["over_1ms"] == 0), row
                 assert row["max_ms"] >= 1.0 if row["over_1ms"] else row["max_ms"] <= 1.0, row
+                # the clients' CPU: the receiver's from its first message (it got 500, so it
+                # read its CPU clock at least twice); a spinning sender's is its whole slot
+                assert row["receiver_cpu_us_per_msg"] > 0, row
+                if row["mode"].startswith("spin"):
+                    assert row["sender_cpu_us_per_msg"] is None, row
+                else:
+                    assert row["sender_cpu_us_per_msg"] > 0, row
             else:
                 assert row["count"] > 0 and row["seconds"] > 0 and row["msgs_per_s"] > 0, row
             # the server's CPU during the row: a server that served messages used some
@@ -154,7 +161,7 @@ def test_server_cpu_table_has_a_line_per_comparison(equeue_and_installed_peers):
         assert set(row) == {"bench", "workload", "equeue", *peers}, row
         for peer in peers:
             assert row[peer] is not None and row[peer] > 0, (peer, row)
-    part = r.stdout.split("\nServer CPU per message")[1].split("\nMessages over 1 ms")[0]
+    part = r.stdout.split("\nServer CPU per message")[1].split("\nClient CPU per message")[0]
     table = [line for line in part.splitlines() if line.startswith("|")]
     assert table[0].count("|") == 3 + len(peers) and len(table) == 2 + len(found)
 
@@ -181,6 +188,27 @@ def test_slow_table_has_a_line_per_latency_comparison(equeue_and_installed_peers
     part = r.stdout.split("\nMessages over 1 ms from the stamp")[1].split("\nBounds of this machine")[0]
     table = [line for line in part.splitlines() if line.startswith("|")]
     assert table[0].count("|") == 3 + len(peers) and len(table) == 2 + len(found)
+
+
+def test_client_cpu_table_has_a_line_per_latency_comparison(equeue_and_installed_peers):
+    """Under the server CPU table, each system's client CPU a message for each latency comparison:
+    `peers-client-cpu` rows whose cells are the rows' [sender, receiver], and a printed table."""
+    r, rows, _ = equeue_and_installed_peers
+    found = [row for row in rows if row.get("bench") == "peers-client-cpu"]
+    labels = [row["workload"] for row in found]
+    assert labels and len(labels) == len(set(labels))
+    assert all(label.startswith("latency paced") for label in labels), labels
+    ours = {row["mode"]: row for row in rows
+            if row.get("bench") == "peers" and row.get("system") == "equeue" and row.get("workload") == "latency"}
+    sleeping = next(row for row in found if row["workload"] == "latency paced, sender sleeps")
+    assert sleeping["equeue"] == [ours["sleep"]["sender_cpu_us_per_msg"], ours["sleep"]["receiver_cpu_us_per_msg"]]
+    spinning = next(row for row in found if row["workload"] == "latency paced, sender spins")
+    assert spinning["equeue"][0] is None and spinning["equeue"][1] > 0
+    part = r.stdout.split("\nClient CPU per message")[1].split("\nMessages over 1 ms")[0]
+    table = [line for line in part.splitlines() if line.startswith("|")]
+    peers = [s for d in _installed_peers() for s in _systems(d)]
+    assert table[0].count("|") == 3 + len(peers) and len(table) == 2 + len(found)
+    assert "n/a / " in part  # the spinning sender's cell
 
 
 def test_server_cpu_counts_the_process_tree():

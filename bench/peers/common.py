@@ -204,7 +204,8 @@ def run_latency(driver: str, args: dict, timeout: float = 300) -> dict:
             raise RuntimeError(f"{driver} latency receiver {exit_reason(recv.returncode)}: {err.strip()[-1500:]}")
         res = json.loads(out.strip().splitlines()[-1])
         # a sender that could not keep the pace says so: achieved_rate below the asked rate
-        return {**res, "sent": sent["count"], "achieved_rate": round(sent["count"] / sent["seconds"], 1)}
+        return {**res, "sent": sent["count"], "achieved_rate": round(sent["count"] / sent["seconds"], 1),
+                "sender_cpu_us_per_msg": sent.get("sender_cpu_us_per_msg")}
     finally:
         if recv.poll() is None:
             recv.kill()
@@ -241,14 +242,23 @@ class Pace:
         return due
 
 
-def paced(count: int, rate: float, spin: bool, send: Callable[[int, int], object]) -> float:
+def paced(count: int, rate: float, spin: bool, send: Callable[[int, int], object]) -> dict:
     """Call send(i, due_ns) at a steady `rate` per second (due_ns: the slot's wall-clock time, for
     `stamp`); between sends the caller's thread either sleeps or spins (stays busy, as an
-    application that computes between sends). Returns the seconds."""
+    application that computes between sends). Returns the sender's row (`sender_row`)."""
     pace = Pace(rate)
+    cpu = time.process_time()
     for i in range(count):
         send(i, pace.wait(i, spin))
-    return time.perf_counter() - pace.start
+    return sender_row(count, time.perf_counter() - pace.start, time.process_time() - cpu, spin)
+
+
+def sender_row(count: int, seconds: float, cpu_seconds: float, spin: bool) -> dict:
+    """A paced sender's row: `rate_row`, and `sender_cpu_us_per_msg`, the sender process's CPU a
+    message while it sent (all its threads: a client's own I/O thread too). None for a sender
+    that spins: its CPU is its whole slot, whatever the client costs."""
+    return {**rate_row(count, seconds),
+            "sender_cpu_us_per_msg": None if spin or not count else round(cpu_seconds * 1e6 / count, 1)}
 
 
 def chunks(count: int, budget: float, chunk: int = 1000):
@@ -297,12 +307,19 @@ def slow_summary(slow_stamps: Sequence[int]) -> dict:
 
 class Latencies:
     """What a latency receiver collects: each message's milliseconds since its sender stamped it,
-    and since its slot in the pace (see STAMP_BYTES), and the stamps of the slow ones (SLOW_MS)."""
+    and since its slot in the pace (see STAMP_BYTES), the stamps of the slow ones (SLOW_MS), and
+    the receiver process's CPU from its first message on (read every CPU_EVERY messages, not
+    each: a CPU-time clock read is a system call, and it would be on the path measured)."""
+
+    CPU_EVERY = 256
 
     def __init__(self) -> None:
         self.sent: list[float] = []
         self.due: list[float] = []
         self.slow_stamps: list[int] = []
+        self._cpu_first = 0.0  # process CPU after the first message
+        self._cpu_last = 0.0  # ... and after message _cpu_n
+        self._cpu_n = 0
 
     def __len__(self) -> int:
         return len(self.sent)
@@ -320,15 +337,24 @@ class Latencies:
         self.due.append((now - due) / 1e6)
         if ms > SLOW_MS:
             self.slow_stamps.append(sent)
+        n = len(self.sent)
+        if n % self.CPU_EVERY == 1:  # the first message, then every CPU_EVERY
+            cpu = time.process_time()
+            if n == 1:
+                self._cpu_first = cpu
+            else:
+                self._cpu_last, self._cpu_n = cpu, n
         return True
 
     def summary(self) -> dict:
         """`summary` of the latencies from the stamps, and the same from the slots as due_p50_ms,
         due_p99_ms and due_max_ms; `over_1ms` (slow messages, from the stamp), `slow_episodes`
-        and `largest_episode` (`slow_summary`)."""
+        and `largest_episode` (`slow_summary`); `receiver_cpu_us_per_msg` (None before
+        CPU_EVERY + 1 messages)."""
         due = summary(self.due)
+        cpu = round((self._cpu_last - self._cpu_first) * 1e6 / (self._cpu_n - 1), 1) if self._cpu_n else None
         return {**summary(self.sent), **{f"due_{k}": v for k, v in due.items() if k != "count"},
-                **slow_summary(self.slow_stamps)}
+                **slow_summary(self.slow_stamps), "receiver_cpu_us_per_msg": cpu}
 
 
 def warmup_body(size: int) -> bytes:

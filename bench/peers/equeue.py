@@ -197,6 +197,6 @@ def latency_sender(info: dict, system: str, name: str, size: int, count: int, ra
     with Producer(info["address"]) as p:
         p.send(Message(name, warmup_body(size)))
         send = p.send if call.split("/")[0] == "send" else p.send_async
-        elapsed = paced(count, rate, spin, lambda i, due: send(Message(name, stamp(size, due))))
+        row = paced(count, rate, spin, lambda i, due: send(Message(name, stamp(size, due))))
         p.flush()
-    return rate_row(count, elapsed)
+    return row

@@ -25,6 +25,7 @@ from bench.peers.common import (
     missing_binary,
     missing_module,
     rate_row,
+    sender_row,
     stamp,
 )
 
@@ -147,6 +148,7 @@ def latency_sender(info: dict, system: str, name: str, size: int, count: int, ra
         nc, js = await _connect(info, name)
         futures = []
         pace = Pace(rate)
+        cpu = time.process_time()
         for i in range(count):
             if not spin and (delay := pace.remaining(i)):
                 await asyncio.sleep(delay)
@@ -154,9 +156,9 @@ def latency_sender(info: dict, system: str, name: str, size: int, count: int, ra
             futures.append(await js.publish_async(name, stamp(size, due)))
             if spin:
                 await asyncio.sleep(0)  # the one turn of the loop a busy caller gives its client
-        elapsed = time.perf_counter() - pace.start
+        row = sender_row(count, time.perf_counter() - pace.start, time.process_time() - cpu, spin)
         await asyncio.gather(*futures)
         await nc.close()
-        return rate_row(count, elapsed)
+        return row
 
     return asyncio.run(go())

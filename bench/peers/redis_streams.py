@@ -122,5 +122,4 @@ def latency_sender(info: dict, system: str, name: str, size: int, count: int, ra
                    spin: bool) -> dict:
     r = _client(info)
     r.ping()
-    elapsed = paced(count, rate, spin, lambda i, due: r.xadd(name, {"b": stamp(size, due)}))
-    return rate_row(count, elapsed)
+    return paced(count, rate, spin, lambda i, due: r.xadd(name, {"b": stamp(size, due)}))

@@ -16,6 +16,8 @@ Workloads (durability on everywhere):
 Produce and single-send runs stop early after --budget seconds (a slow peer bounds the run's time;
 each row gives the count it reached). A latency row's achieved_rate shows whether its sender kept
 the pace; the table marks those that did not.
+Under the ratio table: each system's server CPU a message, its clients' CPU a message in the
+latency rows (sender / receiver), and its slow messages.
 A peer whose server binary or Python client is missing prints a `skipped` row with the reason.
 Not a test: nothing here asserts a time.
 """
@@ -199,6 +201,14 @@ def slow_table(rows: list[dict]) -> list[dict]:
                       "peers-slow", latency_only=True)
 
 
+def client_cpu_table(rows: list[dict]) -> list[dict]:
+    """Per latency comparison, each system's client CPU a message: `"bench": "peers-client-cpu"`,
+    cells [sender, receiver] in µs (common.sender_row, common.Latencies; a spinning sender's
+    None). What a user's processes pay beside the server's CPU."""
+    return side_table(rows, lambda r: [r.get("sender_cpu_us_per_msg"), r.get("receiver_cpu_us_per_msg")]
+                      if r.get("workload") == "latency" else None, "peers-client-cpu", latency_only=True)
+
+
 def print_side_table(found: list[dict], title: str, cell: Callable[[Any], str]) -> None:
     systems = [k for k in (found[0] if found else {}) if k not in ("bench", "workload", REFERENCE)]
     if not found or all(row.get(REFERENCE) is None for row in found):
@@ -217,6 +227,14 @@ def print_side_table(found: list[dict], title: str, cell: Callable[[Any], str]) 
 def print_server_cpu(found: list[dict]) -> None:
     print_side_table(found, "Server CPU per message, microseconds (the server's processes during the row, "
                      "start-up and idle time included; lower is cheaper)", lambda v: f"{v:.1f}")
+
+
+def print_client_cpu(found: list[dict]) -> None:
+    def cell(v: list) -> str:
+        return " / ".join("n/a" if x is None else f"{x:.1f}" for x in v)
+
+    print_side_table(found, "Client CPU per message at the paced rate, microseconds: the sender's process "
+                     "/ the receiver's (all their threads; a spinning sender's is its whole slot: n/a)", cell)
 
 
 def print_slow(found: list[dict]) -> None:
@@ -366,6 +384,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     for row in cpu:
         emit(row)
     print_server_cpu(cpu)
+    clients = client_cpu_table(rows)
+    for row in clients:
+        emit(row)
+    print_client_cpu(clients)
     slow = slow_table(rows)
     for row in slow:
         emit(row)
