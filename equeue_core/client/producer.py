@@ -197,7 +197,7 @@ class _ThreadLane:
         self.headers = headers  # the Producer's SEND header cache (_cached_send_header), shared
         self.idle: asyncio.Future | None = None  # flush() waiting for the lane (loop thread)
         self.frames = 0  # frames the lane carried (Producer.lane_frames)
-        self.last = 0.0  # time.monotonic() of the last message put on the lane (under _lock)
+        self.last = 0.0  # time.monotonic() of the lane's last write (_send_on_lane)
 
 
 def _python_result(future: Any, timeout: float | None = None) -> SendResult:
@@ -471,7 +471,6 @@ class AsyncProducer:
             size = append_record(parts, message, queue if isinstance(queue, int) else queue.queue_id)
         key = (message.topic, queue, pinned)
         open_ = self._open
-        now = _monotonic()  # (the lane's sparse rule; read here: no call under the lock)
         # No call in the usual path of this critical section (see _lock in __init__)
         with self._lock:  # the lock of self._room (its own __enter__ is a Python-level call)
             if self._enqueued - self._released >= self.max_in_flight:
@@ -481,13 +480,12 @@ class AsyncProducer:
                 new = False
             elif (lane := self._lane) is not None and lane.conn is not None and queue is None \
                     and size <= LANE_MAX_RECORD and self._enqueued - self._released == lane.out \
-                    and (lane.out < LANE_DEPTH
-                         or (lane.out < LANE_SPARSE_DEPTH and now - lane.last >= LANE_SPARSE_GAP_S)):
+                    and (lane.out < LANE_DEPTH  # (the clock only past it: not the usual path)
+                         or (lane.out < LANE_SPARSE_DEPTH and _monotonic() - lane.last >= LANE_SPARSE_GAP_S)):
                 # Every unanswered message is on the thread lane (none, when idle): this one too.
                 # Its key may still be in _in_flight with its frames all answered (released:
                 # _answered runs a loop turn later); _answered leaves what gathers to _lane_done.
                 lane.out += 1
-                lane.last = now
                 keys = lane.keys
                 keys[key] = keys[key] + 1 if key in keys else 1
                 batch = _OpenBatch(self._select(route, None))
@@ -943,6 +941,7 @@ class AsyncProducer:
             header_b = encode_header(lane._signed(_SEND, header, body))
         loop = self._loop
         assert loop is not None
+        state.last = _monotonic()  # (a float store: read under _lock by the sparse rule, any staleness harmless)
         try:
             written = lane._conn.write_from_thread(loop, _SEND, header_b, body, self.send_timeout,
                                                    functools.partial(self._lane_done, key, batch))
