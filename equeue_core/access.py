@@ -20,6 +20,7 @@ ADMIN_READER_GROUP = "%ADMIN%"
 
 NEEDS: dict[int, str] = {
     Code.SEND: TOPIC,
+    Code.SEND_MULTI: TOPIC,     # every section's topic (a tuple of names, see needs)
     Code.ROUTE: ANY,            # TOPIC when it asks to create the topic
     Code.PULL: GROUP,
     Code.COMMIT_OFFSETS: GROUP,
@@ -72,8 +73,12 @@ def request_name(code: int) -> str:
 
 def needs(code: int, header: dict[str, Any]) -> tuple[str, Any]:
     """(kind of right, the resource it is about): ("topic", name), ("group", name), ("admin", None)
-    or ("any", None). A missing or non-string resource is returned as is; the authorizer refuses it."""
+    or ("any", None). A missing or non-string resource is returned as is; the authorizer refuses it.
+    A SEND_MULTI needs every topic it writes: ("topic", (name, ...)), each named once, in the
+    order of the sections (None when `sections` is malformed: refused)."""
     kind = NEEDS.get(code, ADMIN)
+    if code == Code.SEND_MULTI:
+        return kind, multi_send_topics(header)
     if code == Code.PULL and header.get("group") == ADMIN_READER_GROUP:
         kind = ADMIN  # AdminClient.read_queue: inspecting any queue (DLQs, `equeue message`) is admin
     if code == Code.ROUTE and header.get("create"):
@@ -83,3 +88,17 @@ def needs(code: int, header: dict[str, Any]) -> tuple[str, Any]:
     if kind == GROUP:
         return kind, header.get("group")
     return kind, None
+
+
+def multi_send_topics(header: dict[str, Any]) -> tuple[str, ...] | None:
+    """The topics of a SEND_MULTI's sections, each once, in order; None when `sections` is not a
+    list of [topic: str, ...] entries (the authorizer refuses it; the broker would too)."""
+    sections = header.get("sections")
+    if type(sections) is not list or not sections:
+        return None
+    topics: dict[str, None] = {}
+    for section in sections:
+        if type(section) is not list or not section or type(section[0]) is not str:
+            return None
+        topics[section[0]] = None
+    return tuple(topics)

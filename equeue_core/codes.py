@@ -15,6 +15,9 @@ class Code(IntEnum):
     SEND = 1             # {topic, queue_id, delay_level? | deliver_at? (epoch ms), epoch?} + body: records
                          #   -> {queue_id, first_offset, positions, id_prefix}  @ Broker.on_send
     ROUTE = 2            # {topic, create?} -> {topic, queues, broker, id_prefix}  @ Broker.on_route
+    SEND_MULTI = 3       # {sections: [[topic, queue_id, length], ...], epoch?} + body: each section's records,
+                         #   back to back -> {stored: [[first_offset, positions], ...], id_prefix,
+                         #   failed?: {error, message, details}}  @ Broker.on_send_multi (broker/multi_send.py)
     # consumer
     PULL = 10            # {topic, queue_id, offset, max_count?, tags?, hold_ms?, strict?} (group: logged only)
                          #   -> {status, next_offset, min_offset, max_offset, count} + body: records

@@ -152,6 +152,28 @@ def test_a_topic_outside_the_accounts_rights_is_refused(acl_broker):
     assert "payments" not in topic_names(acl_broker)
 
 
+def signed_multi(sections: list[tuple[str, bytes]], ak: str, secret: str) -> bytes:
+    """A SEND_MULTI of (topic, records) sections, all to queue 0, signed by `ak`."""
+    body = b"".join(blob for _, blob in sections)
+    header = signing.sign(Code.SEND_MULTI, {"sections": [[t, 0, len(blob)] for t, blob in sections]}, body, ak,
+                          secret.encode())
+    return framing.encode_bytes(Frame(Code.SEND_MULTI, 9, 0, header, body))
+
+
+def test_a_send_multi_needs_the_send_right_on_every_topic_it_writes(acl_broker):
+    """One section outside the account's rights refuses the whole request, naming that topic,
+    and stores nothing; with every topic allowed, all sections are stored."""
+    mixed = [("orders.multi", one_record("orders.multi", b"a")), ("payments", one_record("payments", b"b"))]
+    resp = raw_request(acl_broker.port, signed_multi(mixed, *APP))
+    assert resp.is_error and resp.header["error"] == "access_denied", resp.header
+    assert resp.header["details"]["topic"] == "payments" and "'payments'" in resp.header["message"]
+    assert "orders.multi" not in topic_names(acl_broker) and "payments" not in topic_names(acl_broker)
+    allowed = [("orders.multi", one_record("orders.multi", b"a")), ("orders.multi2", one_record("orders.multi2", b"b"))]
+    ok = raw_request(acl_broker.port, signed_multi(allowed, *APP))
+    assert not ok.is_error and len(ok.header["stored"]) == 2, ok.header
+    assert ranges(acl_broker, "orders.multi")[0] == [0, 1]
+
+
 def test_a_group_outside_the_accounts_rights_cannot_pull_or_commit(acl_broker):
     with admin(acl_broker) as a:
         before = a.groups()

@@ -9,6 +9,7 @@ thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from equeue_core.broker.busy_poll import BusyPoll
 from equeue_core.broker.groups import GroupRegistry
 from equeue_core.broker.long_poll import HeldPull, LateAnswer, PullHold
 from equeue_core.broker.metrics import BrokerMetrics
+from equeue_core.broker.multi_send import answer_header, parse_sections
 from equeue_core.broker.offset_commits import checked_entries
 from equeue_core.broker.retention import RetentionCleaner
 from equeue_core.broker.schedule import Scheduler
@@ -56,7 +58,7 @@ PULL_HEADER_ROOM = 4096  # bytes of a pull answer's frame kept for its header (s
 Handler = Callable[[ServerConnection, Frame], Awaitable[Frame | None]]
 NowHandler = Callable[[ServerConnection, Frame], "Frame | None | Awaitable[Frame | None]"]
 # Requests a replica refuses with not_master (Broker.append refuses the scheduler's writes too).
-WRITE_CODES = frozenset({Code.SEND, Code.SEND_BACK, Code.CREATE_TOPIC, Code.DELETE_TOPIC})
+WRITE_CODES = frozenset({Code.SEND, Code.SEND_MULTI, Code.SEND_BACK, Code.CREATE_TOPIC, Code.DELETE_TOPIC})
 
 
 def _int(header: dict, key: str, default: Any = ...) -> int:
@@ -280,6 +282,7 @@ class Broker:
     def _register_handlers(self) -> None:
         self._handlers = {
             Code.SEND: self.on_send,
+            Code.SEND_MULTI: self.on_send_multi,
             Code.ROUTE: self.on_route,
             Code.PULL: self.on_pull,
             Code.COMMIT_OFFSETS: self.on_commit_offsets,
@@ -301,6 +304,7 @@ class Broker:
         # the synchronous variants handle_now runs (same answers, no task when nothing waits)
         self._now_handlers = {
             Code.SEND: self.send_now,
+            Code.SEND_MULTI: self.send_multi_now,
             Code.PULL: self.pull_now,
             Code.COMMIT_OFFSETS: self.commit_offsets_now,
             Code.ROUTE: self.route_now,
@@ -327,11 +331,20 @@ class Broker:
         return result
 
     async def durable(self, result) -> None:
+        await self._durable_at(result.end_position)
+
+    async def _durable_at(self, end_position: int) -> None:
         if self.config.flush == "sync":
-            await asyncio.wrap_future(self.store.wait_flushed(result.end_position))
+            await asyncio.wrap_future(self.store.wait_flushed(end_position))
 
     async def on_send(self, conn: ServerConnection, frame: Frame) -> Frame | None:
         answer = self.send_now(conn, frame)
+        if answer is None or type(answer) is Frame:
+            return answer
+        return await answer
+
+    async def on_send_multi(self, conn: ServerConnection, frame: Frame) -> Frame | None:
+        answer = self.send_multi_now(conn, frame)
         if answer is None or type(answer) is Frame:
             return answer
         return await answer
@@ -385,20 +398,80 @@ class Broker:
             result = self._store(topic, queue_id, batch, starts)
         if sync:
             # one wait per request for both: the local flush and the replicas' acknowledgements
-            return self._send_acknowledged(frame, queue_id, result, arrived, replicated=True)
+            return self._send_acknowledged(frame, result.end_position,
+                                           functools.partial(self._send_answer, frame, queue_id, result, arrived))
         if self.config.flush == "sync":
-            return self._send_when_durable(frame, queue_id, result, arrived)
+            return self._send_when_durable(frame, result.end_position,
+                                           functools.partial(self._send_answer, frame, queue_id, result, arrived))
         return self._send_answer(frame, queue_id, result, arrived)
 
-    def _send_when_durable(self, frame: Frame, queue_id: int, result, arrived: float) -> Frame | None | LateAnswer:
-        """flush=sync without sync replication: the answer once the store's flush covers the
-        batch (its error answer if that flush failed), given as a LateAnswer from the one
-        call_soon_threadsafe the flusher thread makes and written in that loop turn: a single
-        send pays no task, no coroutines, no asyncio future chained to the store's and no extra
-        loop turns (docs/benchmarks.md, "Single sends with flush=sync")."""
-        flushed = self.store.wait_flushed(result.end_position)
+    def send_multi_now(self, conn: ServerConnection, frame: Frame) -> Frame | None | Awaitable[Frame | None]:
+        """SEND_MULTI (broker/multi_send.py): every section checked as `send_now` checks a
+        send, before any is stored; then stored in order, each as its SEND would be. Answered
+        once for all, when the last stored section is as durable (and replicated) as a SEND's
+        answer waits for. Only called after `_admit`, which refused writes on a replica."""
+        arrived = time.perf_counter()
+        h = frame.header
+        body = frame.body
+        sections = parse_sections(h, len(body))
+        replication = self.replication
+        if len(h) != 1:
+            replication.check_epoch(h)  # a write stamped with another epoch: not_master
+        topics = self.topics
+        view = memoryview(body)
+        max_body = self.config.max_body_size
+        batches = []
+        for i, (topic, queue_id, start, end) in enumerate(sections):
+            check_producer_topic(topic)
+            queues = topics.topics.get(topic)
+            if queues is None:
+                check_topic_name(topic)
+                topics.queues(topic, create=True)
+            if queues is None or not 0 <= queue_id < queues:
+                topics.check_queue(topic, queue_id)
+            batch = bytearray(view[start:end])  # the store stamps it in place
+            try:
+                starts = record.scan(batch, topic=topic.encode(), max_body=max_body)
+            except CorruptRecordError as e:
+                raise InvalidMessageError(f"malformed message batch in section {i} ({topic!r}): {e}") from None
+            batches.append((topic, queue_id, batch, starts))
+        sync = replication.sync_required()
+        if sync:
+            replication.require_in_sync()  # sync replication: not_enough_replicas before storing
+        stored = []
+        failed = None
+        for topic, queue_id, batch, starts in batches:
+            try:
+                stored.append(self._store(topic, queue_id, batch, starts))
+            except EQueueError as e:
+                if not stored:
+                    raise  # nothing stored: the request's error answer
+                failed = e  # the rest is not stored either (their sections follow this one)
+                break
+        answer = functools.partial(self._send_multi_answer, frame, stored, failed, arrived)
+        if sync:
+            return self._send_acknowledged(frame, stored[-1].end_position, answer)
+        if self.config.flush == "sync":
+            return self._send_when_durable(frame, stored[-1].end_position, answer)
+        return answer()
+
+    def _send_multi_answer(self, frame: Frame, stored: list, failed: EQueueError | None,
+                           arrived: float) -> Frame | None:
+        self.metrics.send_latency.observe(time.perf_counter() - arrived)
+        if frame.flags & FLAG_ONEWAY:
+            return None
+        return Frame(frame.code, frame.request_id, FLAG_RESPONSE, answer_header(stored, failed, self.id_prefix))
+
+    def _send_when_durable(self, frame: Frame, end_position: int,
+                           answer: Callable[[], Frame | None]) -> Frame | None | LateAnswer:
+        """flush=sync without sync replication: `answer()` once the store's flush covers
+        `end_position` (the frame's error answer if that flush failed), given as a LateAnswer
+        from the one call_soon_threadsafe the flusher thread makes and written in that loop turn:
+        a single send pays no task, no coroutines, no asyncio future chained to the store's and
+        no extra loop turns (docs/benchmarks.md, "Single sends with flush=sync")."""
+        flushed = self.store.wait_flushed(end_position)
         if flushed.done() and flushed.exception() is None:
-            return self._send_answer(frame, queue_id, result, arrived)
+            return answer()
         loop = asyncio.get_running_loop()
         late = LateAnswer(loop)
 
@@ -408,7 +481,7 @@ class Broker:
             error = done.exception()
             if error is None:
                 try:
-                    late.answer(self._send_answer(frame, queue_id, result, arrived))
+                    late.answer(answer())
                 except Exception as e:
                     late.answer(self._failed(frame, e))
             else:
@@ -423,13 +496,12 @@ class Broker:
         flushed.add_done_callback(resolved)
         return late
 
-    async def _send_acknowledged(self, frame: Frame, queue_id: int, result, arrived: float,
-                                 replicated: bool) -> Frame | None:
-        if replicated:
-            await asyncio.gather(self.durable(result), self.replication.replicated(result.end_position))
-        else:
-            await self.durable(result)
-        return self._send_answer(frame, queue_id, result, arrived)
+    async def _send_acknowledged(self, frame: Frame, end_position: int,
+                                 answer: Callable[[], Frame | None]) -> Frame | None:
+        """Sync replication: `answer()` once `end_position` is both flushed as configured and
+        acknowledged by enough replicas."""
+        await asyncio.gather(self._durable_at(end_position), self.replication.replicated(end_position))
+        return answer()
 
     def _send_answer(self, frame: Frame, queue_id: int, result, arrived: float) -> Frame | None:
         self.metrics.send_latency.observe(time.perf_counter() - arrived)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from equeue_core import record
+from equeue_core.client import send_multi
 from equeue_core.client.connection import DEFAULT_TIMEOUT, BrokerConnection, raise_for_error
 from equeue_core.client.credentials import credentials
 from equeue_core.client.direct import DirectConnection
@@ -36,6 +37,7 @@ from equeue_core.errors import (
     RequestTimeoutError,
     TopicNotFoundError,
     TransportError,
+    UnknownRequestError,
 )
 from equeue_core.frame import encode_header
 from equeue_core.plugins import get_plugin_manager
@@ -44,6 +46,7 @@ log = logging.getLogger("equeue.producer")
 
 ROUTE_TTL_S = 30.0
 _SEND = int(Code.SEND)
+_SEND_MULTI = int(Code.SEND_MULTI)
 MAX_FRAME_BODY = 15 * 1024 * 1024
 LANE_DEPTH = 4  # send_async frames on a Producer's thread lane at most (_ThreadLane) ...
 # ... unless the caller is sparse: a message LANE_SPARSE_GAP_S or more after the lane's last one
@@ -267,11 +270,15 @@ class _Sending:
     answers come to a callback (`_answered_now`); flush()'s wait for the latter; the SEND header
     cache. One object, not producer attributes (see _ThreadLane)."""
 
-    __slots__ = ("tasks", "now", "idle", "headers")
+    __slots__ = ("tasks", "now", "idle", "headers", "multi", "multi_frames")
 
     def __init__(self) -> None:
         self.tasks: set[asyncio.Future] = set()  # batches on the task path
-        self.now = 0  # batches written by _send_now and not yet settled
+        self.now = 0  # frames written by _send_now or _send_multi and not yet settled
+        # whether the broker takes SEND_MULTI (False once it answered unknown_request), and how
+        # many such frames went (AsyncProducer.multi_frames)
+        self.multi = True
+        self.multi_frames = 0
         self.idle: asyncio.Future | None = None  # flush() waiting for `now` to reach 0
         # (topic, queue id) -> SEND header and its bytes (_cached_send_header); the blocking
         # Producer's direct sends and thread lane share it
@@ -600,26 +607,47 @@ class AsyncProducer:
             batches.append(open_.pop(key))
         return batches
 
-    def _take_deferred(self) -> list[tuple[tuple[str, Any, bool], _OpenBatch]]:
-        """With _lock held, on the loop thread: the open batches of the waiting keys, oldest
-        first, as many as there is room for (the caller dispatches them)."""
+    def _take_deferred(self) -> list[list[tuple[tuple[str, Any, bool], _OpenBatch]]]:
+        """With _lock held, on the loop thread: the batches of the waiting keys, oldest first, as
+        the frames they leave in (the caller sends them: _dispatch_frames), as many frames as
+        there is room for. With one broker that takes SEND_MULTI a frame carries the open
+        batches of as many keys as fit in `max_batch_bytes` (client/send_multi.py); else a
+        frame is one batch."""
         deferred = self._deferred
-        room = self.max_batches_in_flight - self._frames if self._router is None else len(deferred)
-        ready = []
-        while deferred and len(ready) < room:
+        if self._router is not None:
+            room = len(deferred)
+            limit = 0  # a frame per batch
+        else:
+            room = self.max_batches_in_flight - self._frames
+            limit = self.max_batch_bytes if self._sending.multi else 0
+        open_ = self._open
+        sealed = self._sealed
+        frames: list[list[tuple[tuple[str, Any, bool], _OpenBatch]]] = []
+        size = 0
+        while deferred:
             key = next(iter(deferred))
+            if self._on_lane(key) or (key not in open_ and key not in sealed):
+                del deferred[key]  # it leaves after the lane's frames (_lane_done), or already left
+                continue
+            batch = open_.get(key)
+            joins = frames and batch is not None and key not in sealed and size + batch.size <= limit
+            if not joins and len(frames) >= room:
+                break
             del deferred[key]
-            if self._on_lane(key):
-                continue  # its batch leaves after the lane's frames (_lane_done)
-            ready += [(key, batch) for batch in self._take_batches(key)]
-        return ready
+            batches = [(key, b) for b in self._take_batches(key)]
+            if joins:
+                frames[-1] += batches
+                size += batch.size
+            else:
+                frames.append(batches)
+                size = sum(b.size for _, b in batches)
+        return frames
 
     def _dispatch(self, key: tuple[str, Any, bool], batch: _OpenBatch) -> None:
         """On the loop thread: send a batch taken out of _open."""
         lane = self._lane
         if lane is not None and lane.wanted:  # the first send_async frame of a blocking Producer
-            lane.wanted = False
-            lane.opening = asyncio.ensure_future(self.open_thread_lane())
+            self._want_lane()
         if self._router is None:
             self._frames += 1
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
@@ -631,6 +659,116 @@ class AsyncProducer:
         batch.parts = []  # the futures keep the batch: not its bytes
         if not self._send_now(key, batch, body):
             self._send_as_task(key, batch, body)
+
+    def _want_lane(self) -> None:
+        """The first send_async frame of a blocking Producer opens its thread lane (in the
+        background)."""
+        lane = self._lane
+        assert lane is not None
+        lane.wanted = False
+        lane.opening = asyncio.ensure_future(self.open_thread_lane())
+
+    def _dispatch_frames(self, frames: list[list[tuple[tuple[str, Any, bool], _OpenBatch]]]) -> None:
+        """On the loop thread: send batches taken out of _open and _sealed, in the frames they
+        were packed into (_take_deferred, send_multi.pack): a frame of several batches as one
+        SEND_MULTI when it can be written now, else (and a frame of one) each batch its own."""
+        for items in frames:
+            if len(items) == 1 or not self._send_multi(items):
+                for key, batch in items:
+                    self._dispatch(key, batch)
+
+    @property
+    def multi_frames(self) -> int:
+        """SEND_MULTI frames sent (client/send_multi.py)."""
+        return self._sending.multi_frames
+
+    def _send_multi(self, items: list[tuple[tuple[str, Any, bool], _OpenBatch]]) -> bool:
+        """Write several batches as one SEND_MULTI frame now, their answers handled in the
+        callback that reads the answer (`_multi_answered`), on `_send_now`'s conditions (one
+        broker, nothing on the task path, the connection able to write at once) and while the
+        broker takes SEND_MULTI. False: nothing written (each batch then goes on its own)."""
+        sending = self._sending
+        conn = self._conn
+        if not sending.multi or sending.tasks or conn is None or self._router is not None:
+            return False
+        lane = self._lane
+        if lane is not None and lane.wanted:
+            self._want_lane()
+        header, bodies, body = send_multi.request_of(items)
+        try:
+            written = conn.request_now(_SEND_MULTI, header, encode_header(header), body, self.send_timeout,
+                                       functools.partial(self._multi_answered, items, bodies))
+        except EQueueError:  # FrameTooLargeError: nothing written; each batch goes on its own
+            return False
+        if not written:
+            return False
+        sending.now += 1
+        sending.multi_frames += 1
+        self._frames += 1
+        in_flight = self._in_flight
+        armed = self._linger_armed
+        loop = self._loop
+        assert loop is not None
+        for key, batch in items:
+            in_flight[key] = in_flight.get(key, 0) + 1
+            batch.parts = []  # the futures keep the batch: not its bytes
+            if key not in armed:
+                armed.add(key)
+                loop.call_later(self.linger, self._linger_check, key)
+        return True
+
+    def _multi_answered(self, items: list[tuple[tuple[str, Any, bool], _OpenBatch]], bodies: list[bytes],
+                        request: Any) -> None:
+        """On the loop thread, in the callback that read the answer to a SEND_MULTI (or saw it
+        fail): settle each batch as its own SEND's answer would, then go on as `_answered` does
+        for each key. A transport failure counts as every batch's first try: each is sent again
+        on its own, on the task path, with the rest of its retries (at least once). A broker
+        that does not know SEND_MULTI (unknown_request) stored nothing: the producer stops using
+        it and sends each batch on its own."""
+        err = request.exception()
+        if err is None:
+            results = send_multi.outcomes(request.result(), len(items))
+            if isinstance(results[0][1], UnknownRequestError):
+                log.info("the broker does not take SEND_MULTI: a frame per batch from now on")
+                self._sending.multi = False
+                err = results[0][1]
+        if err is not None:
+            self._frames += len(items) - 1  # each batch a frame of its own from here (_answered)
+            for (key, batch), body in zip(items, bodies, strict=True):
+                self._send_as_task(key, batch, body, err if isinstance(err, TransportError) else None)
+        else:
+            self._release(sum(batch.count for _, batch in items))
+            for (key, batch), (stored, error) in zip(items, results, strict=True):
+                batch.resolve(None if stored is None else _BatchAnswer(key[0], batch.queue, *stored), error)
+            self._answered_keys(items)
+        sending = self._sending
+        sending.now -= 1
+        if not sending.now and sending.idle is not None and not sending.idle.done():
+            sending.idle.set_result(None)
+
+    def _answered_keys(self, items: list[tuple[tuple[str, Any, bool], _OpenBatch]]) -> None:
+        """A SEND_MULTI frame of these batches was answered: `_answered` for each of their keys
+        in one turn of the lock. The open batches of keys left with nothing in flight wait with
+        the other deferred keys, and whatever there is room for leaves packed again."""
+        self._frames -= 1
+        in_flight = self._in_flight
+        open_ = self._open
+        deferred = self._deferred
+        lane = self._lane
+        ready: Any = ()
+        with self._lock:
+            for key, _ in items:
+                left = in_flight[key] - 1
+                if left:
+                    in_flight[key] = left
+                    continue
+                del in_flight[key]
+                if key in open_ and not (lane is not None and key in lane.keys):  # else after the lane's frames
+                    deferred[key] = None
+            if deferred and self._frames < self.max_batches_in_flight:
+                ready = self._take_deferred()
+        if ready:
+            self._dispatch_frames(ready)
 
     def _send_as_task(self, key: tuple[str, Any, bool], batch: _OpenBatch, body: bytes,
                       failed: TransportError | None = None) -> None:
@@ -721,8 +859,8 @@ class AsyncProducer:
             self._dispatch(key, b)
         if batch is not None:
             self._dispatch(key, batch)
-        for k, b in ready:
-            self._dispatch(k, b)
+        if ready:
+            self._dispatch_frames(ready)
 
     async def _send_open_batch(self, key: tuple[str, Any, bool], batch: _OpenBatch, body: bytes,
                                failed: TransportError | None = None) -> None:
@@ -1028,8 +1166,11 @@ class AsyncProducer:
         for key, batches in sealed.items():  # before the open batch of their key
             for batch in batches:
                 self._dispatch(key, batch)
-        for key, batch in open_batches.items():
-            self._dispatch(key, batch)
+        if self._router is None and self._sending.multi:
+            self._dispatch_frames(send_multi.pack(list(open_batches.items()), self.max_batch_bytes))
+        else:
+            for key, batch in open_batches.items():
+                self._dispatch(key, batch)
 
     async def flush(self) -> None:
         """Send every open batch now and wait for all in-flight sends."""

@@ -146,6 +146,11 @@ class AclAuthorizer:
                                         request=request, account=ak, reason="admin")
             return ak
         rule = account.topics if kind == access.TOPIC else account.groups
+        if kind == access.TOPIC and isinstance(resource, tuple):  # a SEND_MULTI needs all its topics
+            denied = [t for t in resource if not rule.allows(t)]
+            if not denied:
+                return ak
+            resource = denied[0]  # named in the refusal
         if not isinstance(resource, str) or not rule.allows(resource):
             what = "send to topic" if kind == access.TOPIC else "consume with group"
             raise AccessDeniedError(f"access denied ({request}): account {ak!r} may not {what} {resource!r}",

@@ -1,0 +1,66 @@
+"""The producer's side of SEND_MULTI: several batches, of several topics, in one frame.
+
+A producer sends a frame per batch, and a batch holds one topic's (one queue's) messages. Writing
+to many topics at once, its batches are small and the frames many, and each frame costs both ends
+the same whatever it carries (docs/benchmarks.md, "Many topics in one frame"). So where the
+producer has several batches ready at one moment (the batches that waited for room under
+`max_batches_in_flight`, or a flush) it packs them into SEND_MULTI frames of up to
+`max_batch_bytes` each; the broker stores each section as the SEND of that batch
+(broker/multi_send.py, docs/protocol.md). A batch's messages get the same results, or the same
+error, as its own SEND would have given them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from equeue_core.client.connection import raise_for_error
+from equeue_core.errors import EQueueError, error_for_code
+
+
+def pack(items: Sequence[tuple[Any, Any]], limit: int) -> list[list[tuple[Any, Any]]]:
+    """(key, batch) items, in order, cut into frames of at most `limit` bytes of batches each
+    (a batch as large alone is a frame of its own). Order is kept: frames, and the sections in
+    them, go out in the order given."""
+    frames: list[list[tuple[Any, Any]]] = []
+    size = limit
+    for item in items:
+        n = item[1].size
+        if size + n > limit:
+            frames.append([item])
+            size = n
+        else:
+            frames[-1].append(item)
+            size += n
+    return frames
+
+
+def request_of(items: Sequence[tuple[Any, Any]]) -> tuple[dict[str, Any], list[bytes], bytes]:
+    """A SEND_MULTI's header, each batch's records (kept: a transport failure sends every batch
+    again on its own) and the frame's body, for (key, batch) items whose key starts with the
+    topic and whose batch has its queue id and record buffers (`parts`)."""
+    bodies = [b"".join(batch.parts) for _, batch in items]
+    sections = [[key[0], batch.queue, len(body)] for (key, batch), body in zip(items, bodies, strict=True)]
+    return {"sections": sections}, bodies, b"".join(bodies)
+
+
+def outcomes(frame: Any, count: int) -> list[tuple[tuple[str, int, list[int]] | None, EQueueError | None]]:
+    """Each section's outcome from the broker's answer (`count` sections sent): ((id_prefix,
+    first_offset, positions), None) when stored, (None, error) when not. An error answer fails
+    every section with its error; an answer that stored only the first sections (a store
+    failure) fails the rest with the error it names."""
+    try:
+        h = raise_for_error(frame).header
+    except EQueueError as e:
+        return [(None, e)] * count
+    prefix = h["id_prefix"]
+    out: list[tuple[tuple[str, int, list[int]] | None, EQueueError | None]] = [
+        ((prefix, first, positions), None) for first, positions in h["stored"][:count]]
+    if len(out) < count:
+        failed = h.get("failed") if isinstance(h.get("failed"), dict) else {}
+        code = str(failed.get("error", "error"))
+        details = failed.get("details") if isinstance(failed.get("details"), dict) else {}
+        err = error_for_code(code)(str(failed.get("message", f"not stored ({code})")), **details)
+        out += [(None, err)] * (count - len(out))
+    return out
