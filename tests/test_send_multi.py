@@ -205,8 +205,9 @@ def _assert_stored_in_order(address: str, futures: list, n: int, at_least_once: 
                     assert stored == [i for i, r in enumerate(results) if r.topic == t and r.queue_id == q]
 
 
-def test_a_producer_sends_the_batches_of_many_topics_in_send_multi_frames(tmp_path):
-    b = BrokerProcess(tmp_path / "data").start()
+@pytest.mark.parametrize("flush", ["async", "sync"])
+def test_a_producer_sends_the_batches_of_many_topics_in_send_multi_frames(tmp_path, flush):
+    b = BrokerProcess(tmp_path / "data", flush=flush).start()
     try:
         with Producer(b.address, max_batches_in_flight=2) as p:
             for t in TOPICS:

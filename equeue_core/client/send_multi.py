@@ -13,6 +13,7 @@ error, as its own SEND would have given them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 from equeue_core.client.connection import raise_for_error
@@ -36,13 +37,23 @@ def pack(items: Sequence[tuple[Any, Any]], limit: int) -> list[list[tuple[Any, A
     return frames
 
 
-def request_of(items: Sequence[tuple[Any, Any]]) -> tuple[dict[str, Any], list[bytes], bytes]:
-    """A SEND_MULTI's header, each batch's records (kept: a transport failure sends every batch
-    again on its own) and the frame's body, for (key, batch) items whose key starts with the
-    topic and whose batch has its queue id and record buffers (`parts`)."""
-    bodies = [b"".join(batch.parts) for _, batch in items]
-    sections = [[key[0], batch.queue, len(body)] for (key, batch), body in zip(items, bodies, strict=True)]
-    return {"sections": sections}, bodies, b"".join(bodies)
+def request_of(items: Sequence[tuple[Any, Any]]) -> tuple[dict[str, Any], bytes]:
+    """A SEND_MULTI's header and body for (key, batch) items whose key starts with the topic and
+    whose batch has its queue id, its record buffers (`parts`) and their length in bytes
+    (`size`). The body is every batch's records back to back: batch i is body[offsets[i]:
+    offsets[i] + size], which is how a transport failure sends each again on its own (`split`)."""
+    sections = [[key[0], batch.queue, batch.size] for key, batch in items]
+    return {"sections": sections}, b"".join(chain.from_iterable(batch.parts for _, batch in items))
+
+
+def split(body: bytes, sizes: Sequence[int]) -> list[bytes]:
+    """The batches of a SEND_MULTI body (request_of), given their sizes in order."""
+    out = []
+    start = 0
+    for n in sizes:
+        out.append(body[start:start + n])
+        start += n
+    return out
 
 
 def outcomes(frame: Any, count: int) -> list[tuple[tuple[str, int, list[int]] | None, EQueueError | None]]:
