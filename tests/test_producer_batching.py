@@ -208,7 +208,7 @@ def test_a_caller_waiting_on_a_gathering_batch_sends_every_gathering_batch_at_on
             # one SEND_MULTI frame (client/send_multi.py)
             assert wait_until(lambda: p._async._frames == 3 and not p._async._open, timeout=10), (
                 p._async._frames, len(p._async._open))
-            assert p._async.multi_frames == 1
+            assert p.multi_frames == 1
         waiter.join(40)
         assert not waiter.is_alive()
         assert [f.result(30).topic for f in futures] == topics * 100 and results[0].topic == topics[-1]

@@ -214,7 +214,7 @@ def test_a_producer_sends_the_batches_of_many_topics_in_send_multi_frames(tmp_pa
                 p.send(Message(t, b"warm-up"))
             with _frozen(b):
                 futures, waiter = _gather_behind_a_frozen_broker(b, p, 2400)
-                assert p._async.multi_frames >= 1
+                assert p.multi_frames >= 1
             waiter.join(60)
             _assert_stored_in_order(b.address, futures, 2400)
             assert p._async._sending.multi
@@ -236,10 +236,10 @@ def test_a_broker_without_send_multi_gets_a_frame_per_batch_and_loses_nothing(tm
                 futures, waiter = _gather_behind_a_frozen_broker(b, p, 2400)
             waiter.join(60)
             _assert_stored_in_order(b.address, futures, 2400)
-            assert not p._async._sending.multi and p._async.multi_frames == 1
+            assert not p._async._sending.multi and p.multi_frames == 1
             more = [p.send_async(Message(t, b"after")) for t in TOPICS * 20]
             assert all(f.result(30).topic for f in more)
-            assert p._async.multi_frames == 1
+            assert p.multi_frames == 1
     finally:
         proxy.close()
         b.stop()
@@ -256,7 +256,7 @@ def test_a_send_multi_lost_with_its_connection_is_sent_again_batch_by_batch(tmp_
                 p.send(Message(t, b"warm-up"))
             with _frozen(b):
                 futures, waiter = _gather_behind_a_frozen_broker(b, p, 2400)
-                assert p._async.multi_frames >= 1
+                assert p.multi_frames >= 1
                 proxy.drop()  # a blip: the frames out fail, new connections get through
                 assert wait_until(lambda: p._async._sending.tasks, timeout=10)
             waiter.join(60)

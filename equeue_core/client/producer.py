@@ -1245,6 +1245,11 @@ class Producer:
         return self
 
     @property
+    def multi_frames(self) -> int:
+        """SEND_MULTI frames sent (docs/client.md, "Many topics in one frame")."""
+        return self._async.multi_frames
+
+    @property
     def lane_frames(self) -> int:
         """send_async frames the thread lane carried (docs/client.md, "The thread lane")."""
         lane = self._async._lane
