@@ -50,6 +50,7 @@ from equeue_core.frame import FLAG_ONEWAY, FLAG_RESPONSE, Frame
 from equeue_core.plugins import PluginManager, get_plugin_manager
 from equeue_core.replication.replication import Replication
 from equeue_core.serving import access_gate, server_settings
+from equeue_core.store_sections import append_sections
 from equeue_core.threads import run_to_end
 
 log = logging.getLogger("equeue.broker")
@@ -438,16 +439,17 @@ class Broker:
         sync = replication.sync_required()
         if sync:
             replication.require_in_sync()  # sync replication: not_enough_replicas before storing
-        stored = []
-        failed = None
-        for topic, queue_id, batch, starts in batches:
-            try:
-                stored.append(self._store(topic, queue_id, batch, starts))
-            except EQueueError as e:
-                if not stored:
-                    raise  # nothing stored: the request's error answer
-                failed = e  # the rest is not stored either (their sections follow this one)
-                break
+        # nothing stored raises (the request's error answer); else `failed` is the error of the
+        # first section not stored, and of every later one
+        stored, failed = append_sections(self.store, batches)
+        self.replication.appended()
+        stats = self.stats
+        metrics = self.metrics
+        hold = self.hold
+        for topic, queue_id, batch, starts in batches[:len(stored)]:  # (as _store does)
+            stats["received"] += len(starts)
+            metrics.stored(topic, len(starts), len(batch))
+            hold.notify(topic, queue_id)
         answer = functools.partial(self._send_multi_answer, frame, stored, failed, arrived)
         if sync:
             return self._send_acknowledged(frame, stored[-1].end_position, answer)

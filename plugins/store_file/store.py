@@ -65,6 +65,7 @@ from equeue_core.record import (
     stamp_batch,
     verify,
 )
+from equeue_core.store_sections import append_one_by_one as _one_by_one
 from equeue_core.writer_lock import WriterLock
 
 from .atomic import write_atomic
@@ -426,6 +427,70 @@ class FileMessageStore:
         self.log.publish(end)
         self._flusher.written(end)
         return AppendResult(first, positions, end)
+
+    def append_sections(self, sections: Sequence[tuple[str, int, bytearray, Sequence[int]]]
+                        ) -> tuple[list[AppendResult], StoreError | None]:
+        """Several appends, in order, with one write(2) for all their records (a SEND_MULTI,
+        equeue_core/store_sections.py): the offsets, positions, stamps and index entries each
+        `append` would give, the sections' records back to back in the log. The results of the
+        sections stored and None; or, when a section's index write fails, the results before it
+        and the error: that section and every later one are taken back (log and index), as
+        `append` takes back its batch. A failed log write stores nothing (StoreError raised)."""
+        if self._broken is not None:
+            raise StoreError(f"store is unusable after a failed write: {self._broken}")
+        total = 0
+        for section in sections:
+            total += len(section[2])
+        if total > self.log.chunk_size // 2:  # (one chunk holds them all; big ones go one by one)
+            return _one_by_one(self, sections)
+        base = self.log.reserve(total)
+        ts = time.time_ns() // 1_000_000
+        if ts < self._last_ts:
+            ts = self._last_ts
+        self._last_ts = ts
+        nexts = self._next
+        firsts: dict[tuple[str, int], int] = {}  # the next offset of each queue, this request's sections counted
+        plan = []
+        pos = base
+        for topic, queue_id, batch, starts in sections:
+            key = (topic, queue_id)
+            first = firsts.get(key)
+            if first is None:
+                first = nexts.get(key)
+                if first is None:
+                    first = nexts[key] = self.index.queue_range(topic, queue_id)[1]
+            positions = [pos + s for s in starts]
+            stamp_batch(batch, starts, positions, first, queue_id, ts)
+            firsts[key] = first + len(starts)
+            plan.append((topic, queue_id, batch, starts, first, positions, pos))
+            pos += len(batch)
+        end = self.log.write_many([section[2] for section in sections], base)  # StoreError: nothing written
+        results: list[AppendResult] = []
+        failed = None
+        for topic, queue_id, batch, starts, first, positions, at in plan:
+            try:
+                self.index.add(topic, queue_id, first, index_entries(batch, starts, positions))
+            except BaseException as e:
+                # this section and the later ones: out of the log (cut at this section) and of the
+                # index (only this one was added), as append does for its one batch
+                try:
+                    self.index.truncate(topic, queue_id, first)
+                    self.log.unwrite(at)
+                except BaseException as undo:
+                    self._broken = undo
+                    raise StoreError(f"index write failed ({e}) and could not be undone ({undo}); "
+                                     "the store needs a restart") from e
+                failed = StoreError(f"index write failed, this section and the later ones not stored: {e}")
+                end = at
+                break
+            nexts[(topic, queue_id)] = first + len(starts)
+            results.append(AppendResult(first, positions, at + len(batch)))
+        if results:
+            self.log.publish(end)
+            self._flusher.written(end)
+        if failed is not None and not results:
+            raise failed
+        return results, failed
 
     def wait_flushed(self, end_position: int) -> concurrent.futures.Future:
         return self._flusher.wait(end_position)
