@@ -76,6 +76,11 @@ class Code(IntEnum):
                                #   Raft leader only (not_leader names it); failover_refused, no_quorum
 
 
+# Sections one SEND_MULTI may carry (the broker refuses more with `protocol`; a producer packs no
+# more than this into one frame)
+MAX_MULTI_SECTIONS = 4096
+
+
 class PullStatus:
     FOUND = "found"
     NO_NEW = "no_new"        # nothing at offset after the hold time

@@ -160,6 +160,8 @@ def test_pack_keeps_the_order_and_the_byte_limit():
     assert [k for frame in frames for k, _ in frame] == list(range(8))
     assert [[k for k, _ in frame] for frame in frames] == [[0, 1], [2], [3], [4, 5], [6], [7]]
     assert send_multi.pack([], 500) == []
+    many = [(k, _Batch(1)) for k in range(MAX_SECTIONS + 10)]  # tiny batches: the section cap cuts
+    assert [len(f) for f in send_multi.pack(many, 1 << 20)] == [MAX_SECTIONS, 10]
 
 
 # ------------------------------------------------------------------ the producer

@@ -19,11 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from equeue_core.codes import MAX_MULTI_SECTIONS as MAX_SECTIONS
 from equeue_core.errors import EQueueError, ProtocolError
-
-# Sections one request may carry: far more than a producer gathers for one frame (its batch
-# limit bounds the bytes), few enough that a broken header cannot make the broker loop long.
-MAX_SECTIONS = 4096
 
 
 def parse_sections(header: dict[str, Any], body_size: int) -> list[tuple[str, int, int, int]]:

@@ -17,18 +17,19 @@ from itertools import chain
 from typing import Any
 
 from equeue_core.client.connection import raise_for_error
+from equeue_core.codes import MAX_MULTI_SECTIONS
 from equeue_core.errors import EQueueError, error_for_code
 
 
 def pack(items: Sequence[tuple[Any, Any]], limit: int) -> list[list[tuple[Any, Any]]]:
     """(key, batch) items, in order, cut into frames of at most `limit` bytes of batches each
-    (a batch as large alone is a frame of its own). Order is kept: frames, and the sections in
-    them, go out in the order given."""
+    (a batch as large alone is a frame of its own) and at most MAX_MULTI_SECTIONS batches. Order
+    is kept: frames, and the sections in them, go out in the order given."""
     frames: list[list[tuple[Any, Any]]] = []
     size = limit
     for item in items:
         n = item[1].size
-        if size + n > limit:
+        if size + n > limit or len(frames[-1]) >= MAX_MULTI_SECTIONS:
             frames.append([item])
             size = n
         else:
