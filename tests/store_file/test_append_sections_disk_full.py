@@ -1,5 +1,5 @@
 """A SEND_MULTI's sections on a real full disk (a 4 MiB tmpfs, filled): the file store writes
-every section's records with one writev, then indexes them one by one. When a section's index
+every section's records with one write(2), then indexes them one by one. When a section's index
 write fails, that section and the later ones must leave both the log and the index, and the
 sections before it stay stored: what the broker answered as stored is what a reader and the next
 open find, and appends go on without a gap once there is space again. Needs `mount` (the test

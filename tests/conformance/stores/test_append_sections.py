@@ -19,7 +19,7 @@ def test_sections_get_what_separate_appends_give(harness, way):
     """Three queues of two topics, one of them twice in the request (its offsets run on across
     its sections), after an earlier plain append: positions grow in section order, each
     result's end is its section's, and every record reads back as laid out, also after a
-    reopen (the file store's recovery rescans the log written with one writev)."""
+    reopen (the file store's recovery rescans the log written with one write(2))."""
     h = harness.open()
     pre, pre_starts = make_batch("ms.a", 0, 0, 5)
     h.store.append("ms.a", 0, pre, pre_starts)
