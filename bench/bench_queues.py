@@ -18,6 +18,13 @@ memory). Then a LitePullConsumer (group of its own) drains the same messages aga
 `consume_lite_msgs_per_s`, its CPU and the broker's (`consumer_lite`, `broker_consume_lite`) and
 `broker_minor_faults_consume_lite`.
 
+Then (`--paced-seconds`, default 3 s) `send_async` paced at `--paced-rate` msg/s (50k) in bursts of
+50, round robin over 100 topics of 4 queues, every queue written once first (bench
+"queues_paced"): the latency from each send to its answer's callback (every 97th message) and the
+producer's and broker's CPU a message. Below saturation, where a many-topic producer's batches are
+small, this is what the frames and sections a message cost show as (docs/benchmarks.md, "Many
+topics in one frame").
+
 Then (`--sync-seconds`, default 3 s each) `Producer.send` one by one against a flush=sync broker
 over 4 and over 1000 queues: rate and latency percentiles (bench "sync_sends"); the tail shows any
 work a send waits for that grows with the queue count.
@@ -216,6 +223,91 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int, pull
         b.stop()
 
 
+PACED_TOPICS = 100
+PACED_BURST = 50
+PACED_SAMPLE_EVERY = 97  # messages: one latency sample each (a done callback)
+
+
+def role_paced(address: str, topics: list[str], rate: int, seconds: float) -> dict:
+    """`send_async` of 100 B paced at `rate` msg/s in bursts of PACED_BURST, round robin over
+    `topics` (whose every queue was written before): latency from the send to the answer's
+    callback for every PACED_SAMPLE_EVERY-th message, and this process's CPU a message."""
+    from equeue_core.client import Message, Producer
+
+    body = b"x" * 100
+    lats: list[float] = []
+    count = int(rate * seconds) // PACED_BURST * PACED_BURST
+    step = PACED_BURST / rate
+    with Producer(address) as p:
+        for t in topics:  # routes, and the producer's connections warm
+            p.send(Message(t, body))
+        cpu = time.process_time()
+        start = time.perf_counter()
+        perf = time.perf_counter
+        for burst in range(count // PACED_BURST):
+            due = start + burst * step
+            if perf() < due:
+                time.sleep(due - perf())
+            for i in range(burst * PACED_BURST, (burst + 1) * PACED_BURST):
+                f = p.send_async(Message(topics[i % len(topics)], body))
+                if i % PACED_SAMPLE_EVERY == 0:
+                    sent = perf()
+                    f.add_done_callback(lambda _f, sent=sent: lats.append((perf() - sent) * 1e3))
+        p.flush()
+        elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu
+        multi = p.multi_frames
+    time.sleep(0.1)  # the last callbacks
+    lat = summary(lats, (0.5, 0.9, 0.99))
+    return {**lat, "samples": lat["count"], "count": count, "msgs_per_s": count / elapsed, "cpu_seconds": cpu,
+            "multi_frames": multi}
+
+
+def run_paced(tmp: Path, rate: int, seconds: float) -> dict:
+    """role_paced against a fresh broker whose 100 topics x 4 queues were each written first
+    (a queue's first write creates its index files: ~1 ms of the broker's loop each, which
+    would otherwise be the tail), with the broker's CPU a message."""
+    from equeue_core.client import AdminClient
+
+    b = BrokerProcess(tmp / "data-paced", flush="async").start()
+    try:
+        topics = [f"paced-t{i}" for i in range(PACED_TOPICS)]
+        with AdminClient(b.address) as admin:
+            for t in topics:
+                admin.create_topic(t, queues=4)
+        _warm_queues(b.address, [(t, q) for t in topics for q in range(4)])
+        cpu0 = cpu_seconds(b.proc.pid)
+        out = _child(["paced", b.address, ",".join(topics), str(rate), str(seconds)])
+        broker_cpu = cpu_seconds(b.proc.pid) - cpu0
+        us = 1e6 / out["count"]
+        return {"bench": "queues_paced", "topics": PACED_TOPICS, "queues_per_topic": 4, "rate": rate,
+                "msgs_per_s": round(out["msgs_per_s"], 1), "count": out["count"],
+                "p50_ms": out["p50_ms"], "p90_ms": out["p90_ms"], "p99_ms": out["p99_ms"], "max_ms": out["max_ms"],
+                "samples": out["samples"], "multi_frames": out["multi_frames"],
+                "cpu_us_per_msg": {"producer": round(out["cpu_seconds"] * us, 2), "broker": round(broker_cpu * us, 2)}}
+    finally:
+        b.stop()
+
+
+def _warm_queues(address: str, queues: list[tuple[str, int]]) -> None:
+    """One record into each (topic, queue id), by queue id (a raw SEND each)."""
+    import asyncio
+
+    from equeue_core.client import Message
+    from equeue_core.client.connection import BrokerConnection
+    from equeue_core.codes import Code
+
+    async def go() -> None:
+        conn = await BrokerConnection(address).connect()
+        try:
+            for topic, q in queues:
+                await conn.request(Code.SEND, {"topic": topic, "queue_id": q}, Message(topic, b"warm-up").encode(q))
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+
+
 def run_sync_sends(tmp: Path, queues: int, seconds: float) -> dict:
     """`Producer.send` one by one for `seconds` against a flush=sync broker, spread over `queues`
     queues (so that many index files are written): the rate and the latency percentiles. The tail
@@ -285,6 +377,8 @@ def main(argv: list[str] | None = None) -> None:
                                rest[5:6] == ["pulling"])
         elif role == "consume_lite":
             out = role_consume_lite(rest[0], rest[1].split(","), int(rest[2]))
+        elif role == "paced":
+            out = role_paced(rest[0], rest[1].split(","), int(rest[2]), float(rest[3]))
         else:
             raise SystemExit(f"unknown role {role}")
         print(json.dumps(out))
@@ -292,9 +386,13 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--count", type=int, default=100_000, help="messages per case")
     p.add_argument("--connections", type=int, default=500, help="idle TCP connections for the memory figure (0: skip it)")
-    p.add_argument("--cases", help="comma list of queue counts to run (default 4,100,1000,100topics)")
+    p.add_argument("--cases", help="comma list of queue counts to run (default 4,100,1000,100topics; "
+                                   "none: only the paced, connection and sync figures)")
     p.add_argument("--sync-seconds", type=float, default=3.0,
                    help="flush=sync single sends over 4 and 1000 queues for this long each (0: skip)")
+    p.add_argument("--paced-seconds", type=float, default=3.0,
+                   help="send_async paced over 100 topics for this long (0: skip)")
+    p.add_argument("--paced-rate", type=int, default=50_000, help="the paced case's msg/s")
     p.add_argument("--pull-in-handler-threads", action="store_true",
                    help="the push Consumer drains with pull_in_handler_threads=True (consumer_model: pulling)")
     args = p.parse_args(argv)
@@ -305,6 +403,8 @@ def main(argv: list[str] | None = None) -> None:
             if wanted and key not in wanted:
                 continue
             emit(run_case(Path(tmp), label, n_topics, queues, args.count, args.pull_in_handler_threads))
+        if args.paced_seconds > 0:
+            emit(run_paced(Path(tmp), args.paced_rate, args.paced_seconds))
         if args.connections > 0:
             emit(run_connections(Path(tmp), args.connections))
         if args.sync_seconds > 0:

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_one_small_case_without_the_connection_figure():
     r = subprocess.run([sys.executable, "-m", "bench.bench_queues", "--count", "2000", "--cases", "4",
-                        "--connections", "0", "--sync-seconds", "0"],
+                        "--connections", "0", "--sync-seconds", "0", "--paced-seconds", "0"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
@@ -25,3 +25,19 @@ def test_one_small_case_without_the_connection_figure():
     for key in ("produce_msgs_per_s", "consume_msgs_per_s", "consume_lite_msgs_per_s"):
         assert row[key] > 0, (key, row)
     assert all(v >= 0 for v in row["cpu_us_per_msg"].values()), row
+
+
+def test_the_paced_many_topic_case_alone():
+    """`--cases none` runs no queue-count case; the paced one gives latency percentiles from its
+    samples and the CPU of both ends, for the messages it sent at the pace asked."""
+    r = subprocess.run([sys.executable, "-m", "bench.bench_queues", "--cases", "none", "--connections", "0",
+                        "--sync-seconds", "0", "--paced-seconds", "0.5", "--paced-rate", "4000"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert [row["bench"] for row in rows] == ["queues_paced"]
+    row = rows[0]
+    assert row["count"] == 2000 and row["topics"] == 100 and row["rate"] == 4000
+    assert row["samples"] == len(range(0, 2000, 97))
+    assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"] <= row["max_ms"]
+    assert row["cpu_us_per_msg"]["producer"] > 0 and row["cpu_us_per_msg"]["broker"] > 0
