@@ -256,7 +256,7 @@ def role_paced(address: str, topics: list[str], rate: int, seconds: float) -> di
         p.flush()
         elapsed = time.perf_counter() - start
         cpu = time.process_time() - cpu
-        multi = p.multi_frames
+        multi = getattr(p, "multi_frames", None)  # (None: a tree from before SEND_MULTI, as a baseline)
     time.sleep(0.1)  # the last callbacks
     lat = summary(lats, (0.5, 0.9, 0.99))
     return {**lat, "samples": lat["count"], "count": count, "msgs_per_s": count / elapsed, "cpu_seconds": cpu,

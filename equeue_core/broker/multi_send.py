@@ -5,8 +5,8 @@ writing to many topics at once has many small batches, one frame each, and every
 both ends the same whatever it carries: a read, a parse, a dispatch, an answer, a wake-up. So a
 producer held its batches back to at most 8 frames in flight, and over 100 topics each topic's
 batch waited a dozen round trips for its turn. With SEND_MULTI every waiting topic leaves with
-each answer: at 50k msg/s over 100 topics p99 fell from ~6 to 1.5 ms and the broker's CPU a
-message by 30 % (docs/benchmarks.md, "Many topics in one frame"). Kafka's produce request
+each answer: at 50k msg/s over 100 topics p99 fell from 5-11 to 1.5-2 ms and the broker's CPU
+a message by 28 % (docs/benchmarks.md, "Many topics in one frame"). Kafka's produce request
 carries every partition bound for one broker for the same reason.
 
 What the broker promises, section by section: each section is stored exactly as the SEND of its

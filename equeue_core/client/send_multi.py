@@ -3,7 +3,7 @@
 A producer sends a frame per batch, and a batch holds one topic's (one queue's) messages. Writing
 to many topics at once, its batches are small and the frames many, and each frame costs both ends
 the same whatever it carries, so batches waited for one of 8 frames in flight (at 50k msg/s over
-100 topics: p99 ~6 ms, against 1.5 ms packed; docs/benchmarks.md, "Many topics in one frame").
+100 topics: p99 5-11 ms, against 1.5-2 ms packed; docs/benchmarks.md, "Many topics in one frame").
 So where the producer has several batches ready at one moment (the batches that waited for
 room under `max_batches_in_flight`, or a flush) it packs them into SEND_MULTI frames of up to
 `max_batch_bytes` each; the broker stores each section as the SEND of that batch
