@@ -153,16 +153,6 @@ def _warm_producer(tmp_path, topics: list[str], **options) -> Iterator[tuple[Bro
         b.stop()
 
 
-@contextmanager
-def _frozen(b: BrokerProcess) -> Iterator[None]:
-    """The broker process stopped (SIGSTOP) for the block: it reads and answers nothing."""
-    os.kill(b.proc.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(b.proc.pid, signal.SIGCONT)
-
-
 def test_round_robin_over_many_topics_fills_frames_instead_of_a_frame_per_topic_per_round_trip(tmp_path):
     """send_async over 20 topics while the broker cannot answer: at most max_batches_in_flight
     frames go out; the other topics' messages gather in their open batches and leave, one frame
@@ -172,7 +162,7 @@ def test_round_robin_over_many_topics_fills_frames_instead_of_a_frame_per_topic_
     topics = [f"rr{i}" for i in range(20)]
     with _warm_producer(tmp_path, topics, max_batches_in_flight=4) as (b, p):
         before = _sends_served(b.address)
-        with _frozen(b):
+        with b.frozen():
             futures = [p.send_async(Message(topics[i % 20], f"{i}".encode())) for i in range(2000)]
             # the linger checks of the frozen frames' topics come and go meanwhile
             assert wait_until(lambda: len(p._async._deferred) >= 16, timeout=10)
@@ -196,7 +186,7 @@ def test_a_caller_waiting_on_a_gathering_batch_sends_every_gathering_batch_at_on
     topics = [f"w{i}" for i in range(10)]
     with _warm_producer(tmp_path, topics, max_batches_in_flight=2) as (b, p):
         results: list = []
-        with _frozen(b):
+        with b.frozen():
             futures = [p.send_async(Message(t, b"%d" % i)) for i in range(100) for t in topics]
             assert wait_until(lambda: len(p._async._deferred) >= 8, timeout=10), (
                 p._async._deferred, p._async._frames, p._async._lane and p._async._lane.out)
@@ -225,7 +215,7 @@ def test_below_the_frame_limit_callers_waiting_on_their_messages_still_share_a_f
     with _warm_producer(tmp_path, ["share"], linger_ms=60_000) as (b, p):
         before = _sends_served(b.address)
         results: list = []
-        with _frozen(b):
+        with b.frozen():
             first = p.send_async(Message("share", b"first"), routing_key="k")
             assert wait_until(lambda: p._async._frames == 1, timeout=10)
             futures = [p.send_async(Message("share", b"%d" % i), routing_key="k") for i in range(20)]

@@ -6,11 +6,7 @@ or the connection fails under one."""
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
@@ -167,15 +163,6 @@ def test_pack_keeps_the_order_and_the_byte_limit():
 # ------------------------------------------------------------------ the producer
 
 
-@contextmanager
-def _frozen(b: BrokerProcess) -> Iterator[None]:
-    os.kill(b.proc.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(b.proc.pid, signal.SIGCONT)
-
-
 TOPICS = [f"pk{i}" for i in range(24)]
 
 
@@ -214,7 +201,7 @@ def test_a_producer_sends_the_batches_of_many_topics_in_send_multi_frames(tmp_pa
         with Producer(b.address, max_batches_in_flight=2) as p:
             for t in TOPICS:
                 p.send(Message(t, b"warm-up"))
-            with _frozen(b):
+            with b.frozen():
                 futures, waiter = _gather_behind_a_frozen_broker(b, p, 2400)
                 assert p.multi_frames >= 1
             waiter.join(60)
@@ -234,7 +221,7 @@ def test_a_broker_without_send_multi_gets_a_frame_per_batch_and_loses_nothing(tm
         with Producer(proxy.address, max_batches_in_flight=2) as p:
             for t in TOPICS:
                 p.send(Message(t, b"warm-up"))
-            with _frozen(b):
+            with b.frozen():
                 futures, waiter = _gather_behind_a_frozen_broker(b, p, 2400)
             waiter.join(60)
             _assert_stored_in_order(b.address, futures, 2400)
@@ -256,7 +243,7 @@ def test_a_send_multi_lost_with_its_connection_is_sent_again_batch_by_batch(tmp_
         with Producer(proxy.address, max_batches_in_flight=2, send_timeout=10) as p:
             for t in TOPICS:
                 p.send(Message(t, b"warm-up"))
-            with _frozen(b):
+            with b.frozen():
                 futures, waiter = _gather_behind_a_frozen_broker(b, p, 2400)
                 assert p.multi_frames >= 1
                 proxy.drop()  # a blip: the frames out fail, new connections get through

@@ -408,21 +408,9 @@ class FileMessageStore:
         self._last_ts = ts
         stamp_batch(batch, starts, positions, first, queue_id, ts)
         end = self.log.write(batch, base)  # on failure nothing was written (StoreError)
-        try:
-            self.index.add(topic, queue_id, first, index_entries(batch, starts, positions))
-        except BaseException as e:
-            # the log holds records the index lacks: take both back, so the store stays usable
-            # (disk full: the send fails, the next one works once there is space again)
-            try:
-                self.index.truncate(topic, queue_id, first)
-                self.log.unwrite(base)
-            except BaseException as undo:
-                # appending on would hand out these offsets again: refuse until a restart,
-                # whose recovery rebuilds the index from the log
-                self._broken = undo
-                raise StoreError(f"index write failed ({e}) and could not be undone ({undo}); "
-                                 "the store needs a restart") from e
-            raise StoreError(f"index write failed, nothing stored: {e}") from e
+        failed = self._index_or_take_back(topic, queue_id, first, batch, starts, positions, base)
+        if failed is not None:
+            raise StoreError(f"index write failed, nothing stored: {failed}") from failed
         self._next[key] = first + len(starts)
         self.log.publish(end)
         self._flusher.written(end)
@@ -468,19 +456,12 @@ class FileMessageStore:
         results: list[AppendResult] = []
         failed = None
         for topic, queue_id, batch, starts, first, positions, at in plan:
-            try:
-                self.index.add(topic, queue_id, first, index_entries(batch, starts, positions))
-            except BaseException as e:
-                # this section and the later ones: out of the log (cut at this section) and of the
-                # index (only this one was added), as append does for its one batch
-                try:
-                    self.index.truncate(topic, queue_id, first)
-                    self.log.unwrite(at)
-                except BaseException as undo:
-                    self._broken = undo
-                    raise StoreError(f"index write failed ({e}) and could not be undone ({undo}); "
-                                     "the store needs a restart") from e
-                failed = StoreError(f"index write failed, this section and the later ones not stored: {e}")
+            # a failure takes this section and the later ones back out of the log (cut at this
+            # section) and the index (only this one was added)
+            error = self._index_or_take_back(topic, queue_id, first, batch, starts, positions, at)
+            if error is not None:
+                failed = StoreError(f"index write failed, this section and the later ones not stored: {error}")
+                failed.__cause__ = error
                 end = at
                 break
             nexts[(topic, queue_id)] = first + len(starts)
@@ -491,6 +472,28 @@ class FileMessageStore:
         if failed is not None and not results:
             raise failed
         return results, failed
+
+    def _index_or_take_back(self, topic: str, queue_id: int, first: int, batch: bytearray,
+                            starts: Sequence[int], positions: list[int], at: int) -> BaseException | None:
+        """Index a batch the log took at `at`. None when indexed; when that fails, the error,
+        after the log was cut back to `at` (everything written from there goes) and the index
+        to `first`: the log never holds records the index lacks, so the store stays usable (a
+        full disk fails this send, and the next one works once there is space again). When the
+        taking back fails too, StoreError and the store refuses appends until a restart:
+        appending on would hand out these offsets again, and recovery rebuilds the index from
+        the log."""
+        try:
+            self.index.add(topic, queue_id, first, index_entries(batch, starts, positions))
+            return None
+        except BaseException as e:
+            try:
+                self.index.truncate(topic, queue_id, first)
+                self.log.unwrite(at)
+            except BaseException as undo:
+                self._broken = undo
+                raise StoreError(f"index write failed ({e}) and could not be undone ({undo}); "
+                                 "the store needs a restart") from e
+            return e
 
     def wait_flushed(self, end_position: int) -> concurrent.futures.Future:
         return self._flusher.wait(end_position)

@@ -13,7 +13,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 ZMQ_CURVE = "zmq+curve"  # a `transport` meaning zmq serving CURVE with the session keys (tests/helpers/curve.py)
@@ -122,6 +123,17 @@ class BrokerProcess:
             self.proc.kill()
             self.proc.wait(10)
         return self._reap()
+
+    @contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The broker process stopped (SIGSTOP) for the block: it reads and answers nothing, and
+        what clients send meanwhile waits in its socket; SIGCONT on the way out."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(self.proc.pid, signal.SIGCONT)
 
     def _reap(self) -> int:
         assert self.proc is not None
