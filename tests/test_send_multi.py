@@ -260,3 +260,19 @@ def test_unknown_request_maps_to_its_error_type():
     refused = Frame(int(Code.SEND_MULTI), 1, FLAG_RESPONSE | FLAG_ERROR, {"error": "unknown_request", "message": "?"})
     (stored, error), = send_multi.outcomes(refused, 1)
     assert stored is None and isinstance(error, EQueueError) and error.code == "unknown_request"
+
+
+def test_over_zmq_batches_are_not_packed_and_every_message_is_stored(tmp_path):
+    """SEND_MULTI goes only through callback requests (`request_now`), which the zmq transport
+    does not offer: the producer sends a frame per batch there and never packs batches it would
+    then send one by one past max_batches_in_flight."""
+    b = BrokerProcess(tmp_path / "data", transport="zmq").start()
+    try:
+        with Producer(b.address, max_batches_in_flight=2) as p:
+            assert not p._async._sending.multi
+            futures = [p.send_async(Message(TOPICS[i % len(TOPICS)], b"%d" % i)) for i in range(2400)]
+            p.flush()
+            assert p.multi_frames == 0
+        _assert_stored_in_order(b.address, futures, 2400)
+    finally:
+        b.stop()

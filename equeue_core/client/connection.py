@@ -81,6 +81,11 @@ class BrokerConnection:
         resp = await self._conn.request(Frame(int(code), 0, 0, self._signed(code, header, body), body), timeout)
         return raise_for_error(resp)
 
+    @property
+    def callback_requests(self) -> bool:
+        """Whether the transport offers `request_now` at all (tcp, tls; not zmq)."""
+        return getattr(self._conn, "request_now", None) is not None
+
     def request_now(self, code: int, header: dict[str, Any], header_b: bytes, body: bytes, timeout: float,
                     done: Callable[[Any], object]) -> bool:
         """`request` in its callback form, on the loop thread, when the transport offers it

@@ -382,6 +382,9 @@ class AsyncProducer:
         self._loop = asyncio.get_running_loop()
         if self._router is None:
             self._conn = await BrokerConnection(self.broker, **self._credentials).connect()
+            # SEND_MULTI goes only through request_now: without it (zmq) batches are packed for
+            # nothing, and a packed frame sent as single frames would pass max_batches_in_flight
+            self._sending.multi = self._conn.callback_requests
         else:
             await self._router.nameservers.cluster_info()  # fail at start if no name server answers
         return self
