@@ -12,12 +12,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_one_small_case_without_the_connection_figure():
-    r = subprocess.run([sys.executable, "-m", "bench.bench_queues", "--count", "2000", "--cases", "4",
-                        "--connections", "0", "--sync-seconds", "0", "--paced-seconds", "0"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+def bench_rows(*args: str) -> list[dict]:
+    """The JSON rows of one `bench.bench_queues` run with these arguments (it must succeed)."""
+    r = subprocess.run([sys.executable, "-m", "bench.bench_queues", *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+def test_one_small_case_without_the_connection_figure():
+    rows = bench_rows("--count", "2000", "--cases", "4", "--connections", "0", "--sync-seconds", "0",
+                      "--paced-seconds", "0")
     assert [row["bench"] for row in rows] == ["queues"]
     row = rows[0]
     assert row["case"] == "1 topic x 4 queues" and row["queues"] == 4
@@ -30,11 +35,8 @@ def test_one_small_case_without_the_connection_figure():
 def test_the_paced_many_topic_case_alone():
     """`--cases none` runs no queue-count case; the paced one gives latency percentiles from its
     samples and the CPU of both ends, for the messages it sent at the pace asked."""
-    r = subprocess.run([sys.executable, "-m", "bench.bench_queues", "--cases", "none", "--connections", "0",
-                        "--sync-seconds", "0", "--paced-seconds", "0.5", "--paced-rate", "4000"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    rows = bench_rows("--cases", "none", "--connections", "0", "--sync-seconds", "0", "--paced-seconds", "0.5",
+                      "--paced-rate", "4000")
     assert [row["bench"] for row in rows] == ["queues_paced"]
     row = rows[0]
     assert row["count"] == 2000 and row["topics"] == 100 and row["rate"] == 4000

@@ -326,10 +326,27 @@ class Broker:
         the same synchronous call)."""
         result = self.store.append(topic, queue_id, batch, starts)
         self.replication.appended()
-        self.stats["received"] += len(starts)
-        self.metrics.stored(topic, len(starts), len(batch))
-        self.hold.notify(topic, queue_id)
+        self._stored(topic, queue_id, len(starts), len(batch))
         return result
+
+    def _stored(self, topic: str, queue_id: int, count: int, size: int) -> None:
+        """After `count` records (`size` bytes) were stored in a queue: the counters, and the
+        pulls held on it woken."""
+        self.stats["received"] += count
+        self.metrics.stored(topic, count, size)
+        self.hold.notify(topic, queue_id)
+
+    def _check_destination(self, topic: str, queue_id: int) -> None:
+        """What a SEND's topic and queue id (and each SEND_MULTI section's) must pass, in this
+        order, with these errors: never a system topic; an unknown topic is created if its name
+        is valid; the queue id must be one of the topic's."""
+        check_producer_topic(topic)
+        queues = self.topics.topics.get(topic)
+        if queues is None:
+            check_topic_name(topic)
+            self.topics.queues(topic, create=True)
+        if queues is None or not 0 <= queue_id < queues:
+            self.topics.check_queue(topic, queue_id)
 
     async def durable(self, result) -> None:
         await self._durable_at(result.end_position)
@@ -368,13 +385,7 @@ class Broker:
         queue_id = h.get("queue_id")
         if type(queue_id) is not int:
             queue_id = _int(h, "queue_id")
-        check_producer_topic(topic)
-        queues = self.topics.topics.get(topic)
-        if queues is None:
-            check_topic_name(topic)
-            self.topics.queues(topic, create=True)
-        if queues is None or not 0 <= queue_id < queues:
-            self.topics.check_queue(topic, queue_id)
+        self._check_destination(topic, queue_id)
         body = frame.body
         if not body:
             raise InvalidMessageError("a send carries at least one message")
@@ -418,18 +429,11 @@ class Broker:
         replication = self.replication
         if len(h) != 1:
             replication.check_epoch(h)  # a write stamped with another epoch: not_master
-        topics = self.topics
         view = memoryview(body)
         max_body = self.config.max_body_size
         batches = []
         for i, (topic, queue_id, start, end) in enumerate(sections):
-            check_producer_topic(topic)
-            queues = topics.topics.get(topic)
-            if queues is None:
-                check_topic_name(topic)
-                topics.queues(topic, create=True)
-            if queues is None or not 0 <= queue_id < queues:
-                topics.check_queue(topic, queue_id)
+            self._check_destination(topic, queue_id)
             batch = bytearray(view[start:end])  # the store stamps it in place
             try:
                 starts = record.scan(batch, topic=topic.encode(), max_body=max_body)
@@ -442,14 +446,9 @@ class Broker:
         # nothing stored raises (the request's error answer); else `failed` is the error of the
         # first section not stored, and of every later one
         stored, failed = append_sections(self.store, batches)
-        self.replication.appended()
-        stats = self.stats
-        metrics = self.metrics
-        hold = self.hold
-        for topic, queue_id, batch, starts in batches[:len(stored)]:  # (as _store does)
-            stats["received"] += len(starts)
-            metrics.stored(topic, len(starts), len(batch))
-            hold.notify(topic, queue_id)
+        replication.appended()
+        for topic, queue_id, batch, starts in batches[:len(stored)]:
+            self._stored(topic, queue_id, len(starts), len(batch))
         answer = functools.partial(self._send_multi_answer, frame, stored, failed, arrived)
         if sync:
             return self._send_acknowledged(frame, stored[-1].end_position, answer)

@@ -28,7 +28,7 @@ from equeue_core.client.fault import LatencyFaultTolerance
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import Message, SendResult, append_record, append_records, msg_ids
 from equeue_core.client.routing import DEFAULT_ROUTE_REFRESH_S, BrokerQueue, ClusterRouter, writable_queues
-from equeue_core.codes import MAX_MULTI_SECTIONS, Code
+from equeue_core.codes import Code
 from equeue_core.errors import (
     BrokerBusyError,
     ClientClosedError,
@@ -633,8 +633,8 @@ class AsyncProducer:
                 del deferred[key]  # it leaves after the lane's frames (_lane_done), or already left
                 continue
             batch = open_.get(key)
-            joins = (frames and batch is not None and key not in sealed and size + batch.size <= limit
-                     and len(frames[-1]) < MAX_MULTI_SECTIONS)
+            joins = (frames and batch is not None and key not in sealed
+                     and send_multi.joins(frames[-1], size, batch.size, limit))
             if not joins and len(frames) >= room:
                 break
             del deferred[key]

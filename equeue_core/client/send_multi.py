@@ -27,16 +27,22 @@ def pack(items: Sequence[tuple[Any, Any]], limit: int) -> list[list[tuple[Any, A
     (a batch as large alone is a frame of its own) and at most MAX_MULTI_SECTIONS batches. Order
     is kept: frames, and the sections in them, go out in the order given."""
     frames: list[list[tuple[Any, Any]]] = []
-    size = limit
+    size = 0
     for item in items:
         n = item[1].size
-        if size + n > limit or len(frames[-1]) >= MAX_MULTI_SECTIONS:
+        if not frames or not joins(frames[-1], size, n, limit):
             frames.append([item])
             size = n
         else:
             frames[-1].append(item)
             size += n
     return frames
+
+
+def joins(frame: Sequence[Any], size: int, n: int, limit: int) -> bool:
+    """Whether a batch of `n` bytes joins a frame of these sections holding `size` bytes: the
+    one packing rule (`pack`, and the producer's _take_deferred)."""
+    return size + n <= limit and len(frame) < MAX_MULTI_SECTIONS
 
 
 def request_of(items: Sequence[tuple[Any, Any]]) -> tuple[dict[str, Any], bytes]:

@@ -399,14 +399,10 @@ class FileMessageStore:
         key = (topic, queue_id)
         first = self._next.get(key)
         if first is None:
-            first = self._next[key] = self.index.queue_range(topic, queue_id)[1]
+            first = self._queue_end(key)
         base = self.log.reserve(len(batch))
         positions = [base + s for s in starts] if len(starts) != 1 else [base + starts[0]]
-        ts = time.time_ns() // 1_000_000
-        if ts < self._last_ts:
-            ts = self._last_ts
-        self._last_ts = ts
-        stamp_batch(batch, starts, positions, first, queue_id, ts)
+        stamp_batch(batch, starts, positions, first, queue_id, self._store_ts())
         end = self.log.write(batch, base)  # on failure nothing was written (StoreError)
         failed = self._index_or_take_back(topic, queue_id, first, batch, starts, positions, base)
         if failed is not None:
@@ -426,16 +422,11 @@ class FileMessageStore:
         `append` takes back its batch. A failed log write stores nothing (StoreError raised)."""
         if self._broken is not None:
             raise StoreError(f"store is unusable after a failed write: {self._broken}")
-        total = 0
-        for section in sections:
-            total += len(section[2])
+        total = sum(len(section[2]) for section in sections)
         if total > self.log.chunk_size // 2:  # (one chunk holds them all; big ones go one by one)
             return _one_by_one(self, sections)
         base = self.log.reserve(total)
-        ts = time.time_ns() // 1_000_000
-        if ts < self._last_ts:
-            ts = self._last_ts
-        self._last_ts = ts
+        ts = self._store_ts()
         nexts = self._next
         firsts: dict[tuple[str, int], int] = {}  # the next offset of each queue, this request's sections counted
         plan = []
@@ -446,7 +437,7 @@ class FileMessageStore:
             if first is None:
                 first = nexts.get(key)
                 if first is None:
-                    first = nexts[key] = self.index.queue_range(topic, queue_id)[1]
+                    first = self._queue_end(key)
             positions = [pos + s for s in starts]
             stamp_batch(batch, starts, positions, first, queue_id, ts)
             firsts[key] = first + len(starts)
@@ -472,6 +463,21 @@ class FileMessageStore:
         if failed is not None and not results:
             raise failed
         return results, failed
+
+    def _queue_end(self, key: tuple[str, int]) -> int:
+        """A queue's next offset on its first append in this process: its index's end (kept in
+        _next from then on)."""
+        first = self._next[key] = self.index.queue_range(*key)[1]
+        return first
+
+    def _store_ts(self) -> int:
+        """The store time for the next records: the clock in ms, never below the last one given
+        (store times never go backwards: offset_for_timestamp binary-searches them)."""
+        ts = time.time_ns() // 1_000_000
+        if ts < self._last_ts:
+            ts = self._last_ts
+        self._last_ts = ts
+        return ts
 
     def _index_or_take_back(self, topic: str, queue_id: int, first: int, batch: bytearray,
                             starts: Sequence[int], positions: list[int], at: int) -> BaseException | None:
