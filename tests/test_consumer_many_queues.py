@@ -203,6 +203,59 @@ def test_a_held_pull_of_a_caught_up_queue_never_keeps_a_queue_with_messages_wait
             c.close()
 
 
+def test_a_queue_that_caught_up_sends_its_held_pull_at_once_and_gives_its_slot_back_when_handled(tmp_path):
+    """Before: the queue that caught up kept its backlog slot, and sent no pull at all, until a
+    handler had finished what it pulled: its pull loop woke once more per queue just for that
+    (1000 queues: a wake-up, a timer and a task each). Now its held pull leaves at once, and the
+    slot goes back from the call that finishes its last message, so the other queue still waits
+    for it: what the consumer buffers stays bounded by the slots."""
+    with BrokerProcess(tmp_path / "data") as b:
+        with AdminClient(b.address) as admin:
+            admin.create_topic("slot", 2)
+            stored = {0: 0, 1: 0}
+            with Producer(b.address) as p:
+                for key in range(50):  # until both queues hold a batch of 5
+                    results = p.send_batch([Message("slot", b"m") for _ in range(5)], routing_key=f"key{key}")
+                    stored[results[0].queue_id] += 5
+                    if all(stored.values()):
+                        break
+            assert all(stored.values()), stored
+            release = threading.Event()
+            first_queue: list[int] = []
+            col = Collector(sum(stored.values()))
+
+            def handler(m):
+                if not first_queue:
+                    first_queue.append(m.queue_id)
+                if m.queue_id == first_queue[0]:
+                    release.wait(30)  # the first queue's batch stays in the handler
+                col(m)
+
+            c = Consumer("g", b.address, consume_from="first", max_backlog_queues=1, hold_ms=30000)
+            c.subscribe("slot")
+            c.start(handler)
+            try:
+                deadline = time.monotonic() + 20
+                while admin.stats()["held_pulls"] < 1 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                # the first queue caught up: its held pull is at the broker while its batch is handled
+                assert admin.stats()["held_pulls"] == 1
+                time.sleep(0.3)
+                # and the slot is still its own: the other queue has not been pulled
+                assert c.stats["backlog_queues_peak"] == 1
+                assert not [item for item in col.items if item[1] != first_queue[0]]
+                assert c.stats["pulls"] == 2, c.stats  # the first queue's data pull and held pull
+                release.set()
+                assert col.wait(20), f"got {len(col.items)} of {col.expected}: the slot never came back"
+                deadline = time.monotonic() + 20
+                while admin.stats()["held_pulls"] < 2 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                assert admin.stats()["held_pulls"] == 2  # both queues caught up, each pull held
+            finally:
+                release.set()
+                c.close()
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "8"])
 def test_max_backlog_queues_must_be_a_whole_number_of_at_least_one(bad):
     with pytest.raises(ConfigError, match="max_backlog_queues"):

@@ -1,10 +1,12 @@
 """A pull answer kept as bytes until a worker hands it out (client/pulled_batch.py), and the
 process queue's bookkeeping of such batches (client/process_queue.py): the same messages as
 decode_batch, the committed offset never past an unfinished or failed message, and no decoded
-message objects waiting in flight for the garbage collector to scan."""
+message objects waiting in flight for the garbage collector to scan; a queue's when_idle callback
+and wait_change."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
 
@@ -65,6 +67,55 @@ def test_the_committable_offset_stops_at_a_batch_s_first_unfinished_record_and_a
     assert pq.committable() == 13  # the failed message of the later batch, added earlier
     pq.done(second.decode(3, 4)[0])
     assert (pq.committable(), pq.count, pq.bytes, pq.span()) == (20, 0, 0, 0)
+
+
+def test_when_idle_runs_once_from_the_call_that_finishes_the_last_message_and_counts_as_a_watch():
+    pq = ProcessQueue("t", 0, 0)
+    ran: list[str] = []
+    pq.when_idle(lambda: ran.append("now"))  # nothing in flight: at once, and no watch left behind
+    assert ran == ["now"] and pq.watched == 0
+    first, second = PulledBatch(_answer(0, 10), "AB"), PulledBatch(_answer(10, 10), "AB")
+    pq.add_batch(first)
+    pq.add_batch(second)
+    pq.when_idle(lambda: ran.append("replaced"))
+    pq.when_idle(lambda: ran.append("idle"))  # replaces the one waiting: still one watch
+    assert pq.watched == 1
+    pq.finish_batch(first, 10)
+    assert ran == ["now"] and pq.watched == 1 and list(pq.batches) == [second]  # freed at once
+    pq.finish_batch(second, 10, second.decode(4, 5))  # its record 14 failed: still in flight
+    assert ran == ["now"] and pq.count == 1
+    pq.done(second.decode(4, 5)[0])
+    assert ran == ["now", "idle"] and pq.watched == 0 and not pq.batches
+    pq.add_batch(PulledBatch(_answer(20, 3), "AB"))
+    pq.when_idle(lambda: ran.append("cancelled"))
+    pq.when_idle(None)
+    assert pq.watched == 0
+    pq.finish_batch(pq.batches[0], 3)
+    assert ran == ["now", "idle"]
+
+
+def test_wait_change_ends_at_a_wake_or_its_timeout_and_leaves_no_waiter_when_cancelled():
+    async def scenario() -> None:
+        pq = ProcessQueue("t", 0, 0)
+        loop = asyncio.get_running_loop()
+        waiting = asyncio.ensure_future(pq.wait_change(30))
+        await asyncio.sleep(0)
+        assert pq.watched == 1
+        loop.call_soon(pq.wake)
+        await asyncio.wait_for(waiting, 5)
+        assert pq.watched == 0
+        started = loop.time()
+        await pq.wait_change(0.05)  # nobody wakes it
+        assert loop.time() - started >= 0.04 and pq.watched == 0 and not pq._waiters
+        await asyncio.wait_for(pq.wait_change(30, pq.wake), 5)  # a change made by `collect` ends it at once
+        cancelled = asyncio.ensure_future(pq.wait_change(30))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert pq.watched == 0 and not pq._waiters
+
+    asyncio.run(scenario())
 
 
 def test_messages_waiting_in_flight_are_not_objects_the_garbage_collector_scans(file_broker):

@@ -125,7 +125,9 @@ class _BacklogSlot:
 
     A caught-up queue never takes a slot, so its held pull (the broker keeps it until messages
     come) never keeps a queue with messages waiting; a queue with a slot asks only for messages
-    that are stored (answered at once), so the slot always moves on.
+    that are stored (answered at once), so the slot always moves on. The queue that caught up
+    sends its held pull at once and gives the slot back from the call that finishes the last
+    message it pulled (ProcessQueue.when_idle), without its pull loop waking to do it.
     Orderly consumers do not use slots (a queue there waits for its lock, which may not come)."""
 
     __slots__ = ("_consumer", "held")
@@ -508,6 +510,7 @@ class AsyncConsumer:
         try:
             await self._pull_queue(pq, slot)
         finally:
+            pq.when_idle(None)
             slot.release()
 
     async def _pull_queue(self, pq: ProcessQueue, slot: _BacklogSlot) -> None:
@@ -529,14 +532,15 @@ class AsyncConsumer:
                 await pq.wait_change(0.5, self._collect)
                 continue
             if not self.orderly:
-                if pq.behind and not slot.held:
-                    await slot.take()
-                    continue  # look again: the queue may be gone or full by now
-                if slot.held and not pq.behind:
-                    if pq.count:  # its backlog's last pull is still being handled: keep the slot
-                        await pq.wait_change(0.5, self._collect)
-                        continue
-                    slot.release()
+                if pq.behind:
+                    if not slot.held:
+                        await slot.take()
+                        continue  # look again: the queue may be gone or full by now
+                    pq.when_idle(None)  # behind again before its last pull was handled: keep it
+                elif slot.held:
+                    # caught up: the slot goes once what it pulled is handled, and the held pull
+                    # leaves now instead of after that
+                    pq.when_idle(slot.release)
             epoch = pq.lock_epoch
             self.stats["pulls"] += 1
             try:

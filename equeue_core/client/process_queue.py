@@ -24,6 +24,11 @@ from equeue_core.client.pull_batch import AdaptivePullBatch
 from equeue_core.client.pulled_batch import PulledBatch
 
 
+def _time_up(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class ProcessQueue:
     def __init__(self, topic: str, queue_id: int, next_offset: int) -> None:
         self.topic = topic
@@ -46,30 +51,77 @@ class ProcessQueue:
         self.parked_at: int | None = None  # stopped at this offset: a corrupt record (consumer._park)
         self.pull_batch: AdaptivePullBatch | None = None  # made by the consumer on first use
         self.behind = False  # the broker said more is stored past next_offset (last pull or start point)
-        # Set whenever something changes that a waiting loop may care about (messages handled,
-        # messages arrived, lock gained, queue dropped): loops wait on it instead of polling.
-        self.changed = asyncio.Event()
-        # Loops waiting in wait_change now: a handler thread that finishes a batch of this queue
-        # wakes the event loop only while someone watches (client/handler_pool.py).
+        # Loops waiting in wait_change now, each on a future of its own. wake() ends every wait:
+        # something changed that a waiting loop may care about (messages handled, messages
+        # arrived, lock gained, queue dropped), so loops wait instead of polling.
+        self._waiters: list[asyncio.Future[None]] = []
+        # Loops waiting in wait_change, plus one while a when_idle callback waits: a handler thread
+        # that finishes a batch of this queue wakes the event loop only while someone watches
+        # (client/handler_pool.py).
         self.watched = 0
+        self._on_idle: Callable[[], None] | None = None  # when_idle's callback, while it waits
 
     def wake(self) -> None:
-        self.changed.set()
+        waiters = self._waiters
+        if waiters:
+            self._waiters = []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     async def wait_change(self, timeout: float, collect: Callable[[], None] | None = None) -> None:
         """Wait until wake() or timeout; the timeout is only a safety net. `collect` runs once
         this queue counts as watched and before the wait: it takes in what finished before a
-        handler thread could see the watch (a change it makes ends the wait at once)."""
-        self.changed.clear()
+        handler thread could see the watch (a change it makes ends the wait at once).
+
+        A future and a loop timer, not asyncio.wait_for over Event.wait (a task of its own per
+        wait): a consumer taking on 1000 queues waits here once or more per queue
+        (docs/benchmarks.md, "Queue count, fifth pass")."""
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
         self.watched += 1
+        timer = None
         try:
             if collect is not None:
                 collect()
-            await asyncio.wait_for(self.changed.wait(), timeout)
-        except TimeoutError:
-            pass
+            if not waiter.done():
+                timer = loop.call_later(timeout, _time_up, waiter)
+                await waiter
         finally:
             self.watched -= 1
+            if timer is not None:
+                timer.cancel()
+            if not waiter.done():
+                waiter.cancel()
+            if self._waiters:  # timed out or cancelled: still listed (a wake() empties the list)
+                try:
+                    self._waiters.remove(waiter)
+                except ValueError:
+                    pass
+
+    def when_idle(self, callback: Callable[[], None] | None) -> None:
+        """Run `callback` once nothing of this queue is in flight: now if nothing is, else on the
+        loop thread from the call that finishes the last message (finish_batch, done, done_many).
+        A later call replaces a callback still waiting; `when_idle(None)` cancels it. While one
+        waits, the queue counts as watched, so the handler thread that finishes its batch wakes
+        the loop to collect it instead of leaving it for the next look."""
+        if callback is not None and not self.in_flight and not self.batched:
+            self.when_idle(None)
+            callback()
+            return
+        if (self._on_idle is None) != (callback is None):
+            self.watched += 1 if callback is not None else -1
+        self._on_idle = callback
+
+    def _changed(self) -> None:
+        """Messages finished: wake the waiting loops, and run when_idle's callback if that was
+        the last in flight."""
+        self.wake()
+        if self._on_idle is not None and not self.in_flight and not self.batched:
+            callback, self._on_idle = self._on_idle, None
+            self.watched -= 1
+            callback()
 
     def holds_lock(self) -> bool:
         """Orderly: the lock is ours and was renewed recently enough to still trust it."""
@@ -88,7 +140,7 @@ class ProcessQueue:
         self.batched = 0
         self.bytes = 0
         self.needs_offset = True
-        self.changed.set()
+        self._changed()
 
     @property
     def count(self) -> int:
@@ -124,14 +176,17 @@ class ProcessQueue:
             if upto >= len(batch):
                 batch.open = False
                 self.bytes -= batch.nbytes
-        self.changed.set()
+                batches = self.batches  # finished ones leave the front now: their bytes are freed
+                while batches and not batches[0].open:  # even while the pull loop waits at the broker
+                    batches.popleft()
+        self._changed()
 
     def done(self, message: ReceivedMessage) -> None:
         if self.in_flight.pop(message.queue_offset, None) is not None:
             self.bytes -= len(message.body)
             if not self.in_flight:
                 self._in_order = True
-        self.changed.set()
+        self._changed()
 
     def done_many(self, messages: list[ReceivedMessage]) -> None:
         pop = self.in_flight.pop
@@ -142,7 +197,7 @@ class ProcessQueue:
         self.bytes -= freed
         if not self.in_flight:
             self._in_order = True
-        self.changed.set()
+        self._changed()
 
     def _lowest(self) -> int | None:
         """The smallest offset in flight, or None."""
