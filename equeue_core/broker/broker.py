@@ -48,6 +48,7 @@ from equeue_core.errors import (
 from equeue_core.export import BROKER_INFO
 from equeue_core.frame import FLAG_ONEWAY, FLAG_RESPONSE, Frame
 from equeue_core.plugins import PluginManager, get_plugin_manager
+from equeue_core.queue_prep import QueuePreparer
 from equeue_core.replication.replication import Replication
 from equeue_core.serving import access_gate, server_settings
 from equeue_core.store_sections import append_sections
@@ -119,6 +120,8 @@ class Broker:
         self.store = self.engine.messages
         self.offsets = self.engine.offsets
         self.topics = TopicRegistry(self.engine.topics, cfg.default_queues, cfg.auto_create_topics)
+        self.queue_prep = QueuePreparer(self.store)
+        self.topics.on_grown = self.queue_prep.prepare
         for topic, queues in self.store.queues().items():  # topics written before metadata was
             if topic not in self.topics.topics:
                 self.topics.topics[topic] = max(queues) + 1
@@ -211,6 +214,7 @@ class Broker:
         await self.metrics.stop()
         if self.access is not None:
             self.access.close()
+        self.queue_prep.close()
         self.engine.close()  # persists offsets, flushes, releases the writer lock
 
     # ------------------------------------------------------------------ transport callbacks

@@ -44,6 +44,8 @@ class TopicRegistry:
         self.auto_create = auto_create
         self.topics: dict[str, int] = definitions.load()
         self.on_change: Callable[[], None] | None = None  # called after every saved change (cluster registrar)
+        # called with (topic, queue count) after a topic was created or given more queues
+        self.on_grown: Callable[[str, int], None] | None = None
 
     def _save(self) -> None:
         self._definitions.save(self.topics)
@@ -55,9 +57,12 @@ class TopicRegistry:
         n = self.default_queues if queues is None else int(queues)
         if not 1 <= n <= MAX_QUEUES:
             raise InvalidTopicError(f"queue count must be 1..{MAX_QUEUES}, not {n}")
-        if self.topics.get(topic) != n:
-            self.topics[topic] = max(n, self.topics.get(topic, 0))
+        before = self.topics.get(topic, 0)
+        if before != n:
+            self.topics[topic] = max(n, before)
             self._save()
+            if self.topics[topic] > before and self.on_grown is not None:
+                self.on_grown(topic, self.topics[topic])
         return self.topics[topic]
 
     def delete(self, topic: str) -> None:

@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from equeue_core.contracts import StoreSettings
@@ -80,6 +81,7 @@ class FileQueueIndex:
         self._queues: dict[tuple[str, int], _Queue] = {}
         self._retired: list[tuple[float, int]] = []   # read fds of deleted files, closed later
         self._dirs_to_sync: set[str] = set()
+        self._prepared: set[str] = set()  # queue directories prepare() made, not used yet
         self._lock = threading.Lock()
         self._closed = False
         if not read_only:
@@ -129,12 +131,44 @@ class FileQueueIndex:
             if not create:
                 return None
             path = queue_dir(self.root, topic, queue_id)
-            os.makedirs(path, exist_ok=True)
+            prepared = path in self._prepared  # by prepare(): its directory and empty file 0 are there
+            if prepared:
+                self._prepared.discard(path)
+            else:
+                os.makedirs(path, exist_ok=True)
             self._dirs_to_sync.add(os.path.dirname(path))
             self._dirs_to_sync.add(self.root)
-            q = _Queue(path, [], 0, 0)
+            q = _Queue(path, [0] if prepared else [], 0, 0)
             self._queues[(topic, queue_id)] = q
         return q
+
+    def prepare(self, topic: str, queue_ids: Iterable[int]) -> int:
+        """(any thread, alongside the writer) Create the directory and first index file of each
+        queue this index has not seen, so that the queue's first add() only opens an existing
+        file: a file's creation waits for the file system's journal, ~0.4 ms each for the
+        directory and the file on a disk busy with the log's fsyncs, and add() runs on the
+        broker's loop thread (docs/benchmarks.md, "A queue's first write off the loop"). Returns
+        how many queues it prepared.
+
+        Only ever a head start: it never changes what add() or a read sees (no entry, no state
+        but `_prepared`, which only lets add() skip its makedirs), and an add() that comes first
+        creates the same directory and file itself (O_CREAT without O_TRUNC on both sides). A
+        prepared file is empty, so a reopened store loads such a queue as one with no entries
+        whose first add() starts it (at 0, or where a replica's first copied run starts).
+        Nothing is fsynced here: a lost prepared file is made again by the first add(), which
+        has its directories fsynced as before."""
+        if self.read_only or self._closed:
+            return 0
+        made = 0
+        for queue_id in queue_ids:
+            if (topic, queue_id) in self._queues:
+                continue
+            path = queue_dir(self.root, topic, queue_id)
+            os.makedirs(path, exist_ok=True)
+            os.close(os.open(os.path.join(path, file_name(0)), os.O_WRONLY | os.O_CREAT, 0o644))
+            self._prepared.add(path)
+            made += 1
+        return made
 
     # ------------------------------------------------------------ writing
     def add(self, topic: str, queue_id: int, first_offset: int, entries: bytes | bytearray) -> None:
@@ -144,7 +178,11 @@ class FileQueueIndex:
         q = self._queues.get((topic, queue_id)) or self._queue(topic, queue_id, True)
         assert q is not None
         if first_offset != q.end:
-            if not q.files and q.end == 0:  # a queue whose first offsets were deleted: start there
+            if q.end == 0 and (not q.files or q.files == [0]):
+                # no entry yet (no file, or prepare()'s empty one): start where the first add
+                # says (a queue whose first offsets were deleted, a replica's first copied run)
+                if q.files and first_offset >= self.entries_per_file:
+                    self._drop_empty_first(q)
                 q.min_offset = q.end = first_offset
             else:
                 raise StoreError(f"index {topic}/{queue_id}: append at {first_offset}, end is {q.end}")
@@ -168,6 +206,18 @@ class FileQueueIndex:
             done += take
             q.end += take
         q.dirty = True
+
+    def _drop_empty_first(self, q: _Queue) -> None:
+        """Remove a queue's empty file 0 before it starts past that file: left in place, it would
+        read as a hole below the queue's entries at the next open."""
+        self._close_write(q)
+        self._close_read(q, 0)
+        try:
+            os.unlink(os.path.join(q.path, file_name(0)))
+        except FileNotFoundError:
+            pass
+        q.files = []
+        self._dirs_to_sync.add(q.path)
 
     def _roll(self, q: _Queue, first: int) -> None:
         """Open (creating if needed) the index file starting at `first` for appending."""

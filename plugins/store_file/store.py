@@ -32,7 +32,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from equeue_core.contracts import (
     AppendResult,
@@ -596,6 +596,11 @@ class FileMessageStore:
         thread, so the broker calls it from an executor or at shutdown, never on its event loop."""
         self.log.sync()
         self.index.flush()
+
+    def prepare_queues(self, topic: str, queue_ids: Iterable[int]) -> int:
+        """(a worker thread, alongside appends) Create each new queue's index directory and first
+        index file ahead of its first append (FileQueueIndex.prepare; equeue_core/queue_prep.py)."""
+        return self.index.prepare(topic, queue_ids)
 
     # ------------------------------------------------------------ reading
     def _range(self, topic: str, queue_id: int) -> tuple[int, int]:
