@@ -21,7 +21,8 @@ memory). Then a LitePullConsumer (group of its own) drains the same messages aga
 Then (`--paced-seconds`, default 3 s) `send_async` paced at `--paced-rate` msg/s (50k) in bursts of
 50, round robin over 100 topics of 4 queues, every queue written once first (bench
 "queues_paced"): the latency from each send to its answer's callback (every 97th message) and the
-producer's and broker's CPU a message. Below saturation, where a many-topic producer's batches are
+producer's and broker's CPU a message. Then the same over 100 topics created 1 s before, none
+written (bench "queues_paced_cold"): every queue's first write is in the run. Below saturation, where a many-topic producer's batches are
 small, this is what the frames and sections a message cost show as (docs/benchmarks.md, "Many
 topics in one frame").
 
@@ -226,6 +227,7 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int, pull
 PACED_TOPICS = 100
 PACED_BURST = 50
 PACED_SAMPLE_EVERY = 97  # messages: one latency sample each (a done callback)
+PACED_COLD_PAUSE = 1.0  # s between creating the cold case's topics and its first send
 
 
 def role_paced(address: str, topics: list[str], rate: int, seconds: float) -> dict:
@@ -263,24 +265,32 @@ def role_paced(address: str, topics: list[str], rate: int, seconds: float) -> di
             "multi_frames": multi}
 
 
-def run_paced(tmp: Path, rate: int, seconds: float) -> dict:
-    """role_paced against a fresh broker whose 100 topics x 4 queues were each written first
-    (a queue's first write creates its index files: ~1 ms of the broker's loop each, which
-    would otherwise be the tail), with the broker's CPU a message."""
+def run_paced(tmp: Path, rate: int, seconds: float, warm: bool = True) -> dict:
+    """role_paced against a fresh broker whose 100 topics x 4 queues were each written first,
+    with the broker's CPU a message (bench "queues_paced"). With `warm` False (bench
+    "queues_paced_cold") the topics are only created, PACED_COLD_PAUSE before the sends: each
+    queue's first write is in the run, which shows whether creating a queue's files costs the
+    broker's loop (docs/benchmarks.md, "A queue's first write off the loop")."""
     from equeue_core.client import AdminClient
 
-    b = BrokerProcess(tmp / "data-paced", flush="async").start()
+    b = BrokerProcess(tmp / f"data-paced-{'warm' if warm else 'cold'}", flush="async").start()
     try:
         topics = [f"paced-t{i}" for i in range(PACED_TOPICS)]
         with AdminClient(b.address) as admin:
+            created = time.perf_counter()
             for t in topics:
                 admin.create_topic(t, queues=4)
-        _warm_queues(b.address, [(t, q) for t in topics for q in range(4)])
+            create_seconds = time.perf_counter() - created
+        if warm:
+            _warm_queues(b.address, [(t, q) for t in topics for q in range(4)])
+        else:
+            time.sleep(PACED_COLD_PAUSE)
         cpu0 = cpu_seconds(b.proc.pid)
         out = _child(["paced", b.address, ",".join(topics), str(rate), str(seconds)])
         broker_cpu = cpu_seconds(b.proc.pid) - cpu0
         us = 1e6 / out["count"]
-        return {"bench": "queues_paced", "topics": PACED_TOPICS, "queues_per_topic": 4, "rate": rate,
+        return {"bench": "queues_paced" if warm else "queues_paced_cold", "topics": PACED_TOPICS,
+                "queues_per_topic": 4, "rate": rate, "create_topics_s": round(create_seconds, 3),
                 "msgs_per_s": round(out["msgs_per_s"], 1), "count": out["count"],
                 "p50_ms": out["p50_ms"], "p90_ms": out["p90_ms"], "p99_ms": out["p99_ms"], "max_ms": out["max_ms"],
                 "samples": out["samples"], "multi_frames": out["multi_frames"],
@@ -405,6 +415,7 @@ def main(argv: list[str] | None = None) -> None:
             emit(run_case(Path(tmp), label, n_topics, queues, args.count, args.pull_in_handler_threads))
         if args.paced_seconds > 0:
             emit(run_paced(Path(tmp), args.paced_rate, args.paced_seconds))
+            emit(run_paced(Path(tmp), args.paced_rate, args.paced_seconds, warm=False))
         if args.connections > 0:
             emit(run_connections(Path(tmp), args.connections))
         if args.sync_seconds > 0:
