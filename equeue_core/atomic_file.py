@@ -20,7 +20,12 @@ def write_atomic(path: str, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    fsync_dir(os.path.dirname(path) or ".")
+
+
+def fsync_dir(path: str) -> None:
+    """Make a directory's entries (a file renamed or created in it) durable."""
+    dfd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(dfd)
     finally:

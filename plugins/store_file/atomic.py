@@ -3,6 +3,6 @@ the replication epoch file)."""
 
 from __future__ import annotations
 
-from equeue_core.atomic_file import write_atomic
+from equeue_core.atomic_file import fsync_dir, write_atomic
 
-__all__ = ["write_atomic"]
+__all__ = ["fsync_dir", "write_atomic"]

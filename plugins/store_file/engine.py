@@ -14,8 +14,8 @@ from .store import FileMessageStore
 
 class FileEngine:
     """contracts.StoreEngine: takes the data directory's writer lock first, then opens the index,
-    recovers the commit log (FileMessageStore.open) and loads offsets.json, whose meta map keeps
-    topic definitions and scheduler progress."""
+    recovers the commit log (FileMessageStore.open) and loads offsets.json; topic definitions and
+    scheduler progress are files of their own under meta/ (offsets.py, FileMeta)."""
 
     def __init__(self, settings: StoreSettings) -> None:
         lock = WriterLock.acquire(settings.data_dir)
@@ -29,7 +29,7 @@ class FileEngine:
             self._abandon(lock)
             raise
         self.replica_log = FileReplicaLog(self.messages)
-        meta = FileMeta(self.offsets)
+        meta = FileMeta(self.offsets, settings.data_dir)
         self.topics = TopicsInMeta(meta)
         self.schedule = ScheduleInMeta(meta, self.offsets)
         self._closed = False

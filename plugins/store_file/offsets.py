@@ -1,4 +1,5 @@
-"""FileOffsetStore: consumer offsets and metadata values in one small JSON file, replaced atomically.
+"""FileOffsetStore: consumer offsets in one JSON file, replaced atomically; FileMeta: broker
+metadata values in small files of their own.
 
 <data_dir>/offsets.json (docs/format.md, "Offsets file"):
   {"format": "equeue-offsets", "version": 1,
@@ -6,8 +7,16 @@
    "meta": {key: base64(value), ...}}
 persist() writes a snapshot to a temp file, fsyncs it, renames it over the old one and fsyncs the
 directory, so after a crash the file holds the previous or the new snapshot, whole. commit() only
-changes memory; put_meta() persists at once. Safe to call from several threads. FileMeta hands
-the meta map to equeue_core.metadata, which keeps topic definitions and scheduler progress there.
+changes memory. Safe to call from several threads.
+
+FileMeta keeps each metadata value (equeue_core.metadata: topic definitions, scheduler progress)
+in <data_dir>/meta/<key>, replaced the same way. A store written before kept them in the offsets
+file's `meta` map: they are read from there until their first write moves them, and the offsets
+file drops them at its next persist. Why files of their own: the offsets file holds every
+committed offset of every group, and a value written there rewrote all of them. With 100k
+committed offsets each topic created stalled the broker's loop 89-232 ms, and each delivery of
+delayed messages (its progress) cost as much CPU under the GIL (docs/benchmarks.md, "Topic
+definitions out of the offsets file").
 """
 
 from __future__ import annotations
@@ -16,14 +25,15 @@ import base64
 import json
 import logging
 import os
+import re
 import threading
 
 from equeue_core.contracts import StoreSettings
 from equeue_core.errors import StoreError
 from equeue_core.offset_limits import check_offset
 
-from .atomic import write_atomic
-from .constants import OFFSETS
+from .atomic import fsync_dir, write_atomic
+from .constants import META_DIR, OFFSETS
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +87,14 @@ class FileOffsetStore:
             self._dirty = True
 
     def get_meta(self, key: str) -> bytes | None:
+        """A metadata value an older store kept in this file (FileMeta reads it until it moves)."""
         return self._meta.get(key)
 
-    def put_meta(self, key: str, value: bytes) -> None:
-        """Store and persist before returning (fsyncs on the calling thread)."""
+    def drop_meta(self, key: str) -> None:
+        """Stop carrying a metadata value that moved to a file of its own (from the next persist)."""
         with self._lock:
-            self._meta[key] = bytes(value)
-            self._dirty = True
-        self.persist(force=True)
+            if self._meta.pop(key, None) is not None:
+                self._dirty = True
 
     def persist(self, force: bool = False) -> None:
         """Write the current snapshot atomically (skipped if nothing changed since the last one)."""
@@ -110,13 +120,35 @@ class FileOffsetStore:
 
 
 class FileMeta:
-    """equeue_core.metadata.MetaValues over the offsets file's meta map."""
+    """equeue_core.metadata.MetaValues: each key in <data_dir>/meta/<key>, durable when write()
+    returns (module docstring)."""
 
-    def __init__(self, offsets: FileOffsetStore) -> None:
+    def __init__(self, offsets: FileOffsetStore, data_dir: str) -> None:
         self._offsets = offsets
+        self._data_dir = data_dir
+        self._dir = os.path.join(data_dir, META_DIR)
+        self._dir_made = os.path.isdir(self._dir)
+
+    def _path(self, key: str) -> str:
+        if not _META_KEY.fullmatch(key):
+            raise StoreError(f"metadata key {key!r} cannot be a file name")
+        return os.path.join(self._dir, key)
 
     def read(self, key: str) -> bytes | None:
-        return self._offsets.get_meta(key)
+        try:
+            with open(self._path(key), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return self._offsets.get_meta(key)  # written by an older store, not moved yet
 
     def write(self, key: str, value: bytes) -> None:
-        self._offsets.put_meta(key, value)
+        path = self._path(key)
+        if not self._dir_made:
+            os.makedirs(self._dir, exist_ok=True)
+            fsync_dir(self._data_dir)  # the directory itself survives a crash
+            self._dir_made = True
+        write_atomic(path, bytes(value))
+        self._offsets.drop_meta(key)
+
+
+_META_KEY = re.compile(r"[a-z][a-z0-9_]{0,63}")
