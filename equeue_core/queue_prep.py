@@ -31,7 +31,6 @@ class QueuePreparer:
         self._prepare = getattr(store, "prepare_queues", None)
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
-        self.prepared = 0  # queues prepared so far (BROKER_STATS)
 
     def prepare(self, topic: str, queues: int) -> None:
         """Prepare queues 0..queues-1 of `topic` in the background (those already there are
@@ -44,7 +43,7 @@ class QueuePreparer:
 
     def _run(self, topic: str, queues: int) -> None:
         try:
-            self.prepared += self._prepare(topic, range(queues))
+            self._prepare(topic, range(queues))
         except Exception as e:  # a head start only: the first append creates what is missing
             log.warning("preparing the queue files of %s ahead of its first messages failed: %s", topic, e)
 

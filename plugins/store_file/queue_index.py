@@ -134,6 +134,7 @@ class FileQueueIndex:
             prepared = path in self._prepared  # by prepare(): its directory and empty file 0 are there
             if prepared:
                 self._prepared.discard(path)
+                self._dirs_to_sync.add(path)  # file 0's entry: _roll() into it adds none
             else:
                 os.makedirs(path, exist_ok=True)
             self._dirs_to_sync.add(os.path.dirname(path))
