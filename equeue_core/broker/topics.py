@@ -44,7 +44,9 @@ class TopicRegistry:
         self.auto_create = auto_create
         self.topics: dict[str, int] = definitions.load()
         self.on_change: Callable[[], None] | None = None  # called after every saved change (cluster registrar)
-        # called with (topic, queue count) after a topic was created or given more queues
+        # called with (topic, queue count) after a user topic was created or given more queues
+        # (not a system topic: %TIMER%'s ring has hundreds of queues written one by one over
+        # hours, retry and dead-letter topics one queue each)
         self.on_grown: Callable[[str, int], None] | None = None
 
     def _save(self) -> None:
@@ -61,7 +63,7 @@ class TopicRegistry:
         if before != n:
             self.topics[topic] = max(n, before)
             self._save()
-            if self.topics[topic] > before and self.on_grown is not None:
+            if self.topics[topic] > before and self.on_grown is not None and not system:
                 self.on_grown(topic, self.topics[topic])
         return self.topics[topic]
 

@@ -364,11 +364,15 @@ class FileQueueIndex:
         return (q.min_offset, q.end)
 
     def queues(self) -> dict[str, list[int]]:
+        """Every queue that has held an entry. A queue prepare() made that was never written is
+        left out, so the queues listed are those appends made, whether or not the broker
+        prepared them (a master and its replica list the same)."""
         if self.read_only:
             self._load_all_new()
         out: dict[str, list[int]] = {}
-        for topic, qid in sorted(self._queues):
-            out.setdefault(topic, []).append(qid)
+        for (topic, qid), q in sorted(self._queues.items()):
+            if q.end or q.min_offset or (q.files and q.files != [0]):
+                out.setdefault(topic, []).append(qid)
         return out
 
     def _load_all_new(self) -> None:

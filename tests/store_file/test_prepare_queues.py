@@ -44,8 +44,10 @@ def test_prepare_makes_each_new_queue_s_directory_and_empty_first_file_and_skips
     store, report = open_store(tmp_path)
     assert report.clean and not report.notes
     assert [store.queue_range("t", q) for q in range(4)] == [(0, 0), (0, 3), (0, 5), (0, 0)]
+    assert store.queues() == {"t": [1, 2]}  # the written ones, as without prepare (a replica's list)
     append(store, 2, queue_id=0)  # a prepared, never written queue after a reopen: starts at 0
     assert [m.queue_offset for m in read_all(store, queue_id=0)] == [0, 1]
+    assert store.queues() == {"t": [0, 1, 2]}
     store.close()
 
 
