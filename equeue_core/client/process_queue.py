@@ -204,9 +204,7 @@ class ProcessQueue:
         low = None
         if self.in_flight:
             low = next(iter(self.in_flight)) if self._in_order else min(self.in_flight)
-        batches = self.batches
-        while batches and not batches[0].open:
-            batches.popleft()
+        batches = self.batches  # its first is open: finish_batch drops finished ones from the front
         if batches:
             first = batches[0]
             offset = first.offset_at(first.cursor)

@@ -25,6 +25,7 @@ from equeue_core.contracts import StoreSettings
 from equeue_core.errors import StoreError
 from equeue_core.record import INDEX_ENTRY_SIZE
 
+from .atomic import fsync_dir
 from .constants import DEFAULT_INDEX_FILE_ENTRIES, INDEX_DIR, file_name, parse_file_name
 from .store_info import load_store_info
 
@@ -499,11 +500,8 @@ def _write_all(fd: int, data: memoryview | bytes | bytearray) -> None:
 
 
 def _fsync_dir(path: str) -> None:
+    """fsync_dir, for a directory that may be gone (a queue's, after a reset) by now."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fsync_dir(path)
     except FileNotFoundError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        pass
