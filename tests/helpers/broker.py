@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,13 +16,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.helpers.ports import free_port
+
 ZMQ_CURVE = "zmq+curve"  # a `transport` meaning zmq serving CURVE with the session keys (tests/helpers/curve.py)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class BrokerProcess:
