@@ -1323,16 +1323,18 @@ static PyMemberDef batch_slot_members[] = {
 };
 
 /* BatchSlot.result(timeout=None): the message's SendResult once its batch is answered, made here
- * from the answer's fields (`ids`, `topic`, `queue_id`, `first_offset`, `broker`) with the
- * SendResult slots filled directly, as the dataclass __init__ would. Anything else -- no answer
- * yet (wait, or raise the send's error), ids not made yet, SendResult not bound as plain slots --
- * is the bound Python version's (producer.py), called as python_result(self, timeout). */
+ * from the answer's fields (`ids`, made here by the batch's first result, `topic`, `queue_id`,
+ * `first_offset`, `broker`) with the SendResult slots filled directly, as the dataclass __init__
+ * would. Anything else -- no answer yet (wait, or raise the send's error), SendResult not bound
+ * as plain slots -- is the bound Python version's (producer.py), called as
+ * python_result(self, timeout). */
 static PyObject *slow_result;
 static PyTypeObject *send_result_cls;
 #define SR_FIELDS 5
 static const char *const sr_names[SR_FIELDS] = {"msg_id", "topic", "queue_id", "queue_offset", "broker"};
 static Py_ssize_t sr_offsets[SR_FIELDS];
-static PyObject *str_answer, *str_ids, *str_topic, *str_queue_id, *str_first_offset, *str_broker;
+static PyObject *str_answer, *str_ids, *str_topic, *str_queue_id, *str_first_offset, *str_broker, *str_id_prefix,
+    *str_positions;
 
 static PyObject *batch_slot_slow_result(BatchSlotObject *self, PyObject *const *args, Py_ssize_t nargs,
                                         PyObject *kwnames)
@@ -1353,6 +1355,23 @@ static PyObject *batch_slot_slow_result(BatchSlotObject *self, PyObject *const *
     return PyObject_Vectorcall(slow_result, stack, (size_t)(nargs + 1), kwnames);
 }
 
+/* The ids of an answer (_BatchAnswer) whose `ids` is still None: msg_ids(answer.id_prefix,
+ * answer.positions), stored as answer.ids for the batch's other results. Two threads may both
+ * make them: the same strings (as _BatchAnswer.result in Python). Here rather than through the
+ * Python version: with many topics a batch holds few messages, and that call was a batch's
+ * largest cost in the caller's thread after its records (docs/benchmarks.md). */
+static PyObject *answer_ids(PyObject *answer)
+{
+    PyObject *a[2] = {NULL, NULL}, *ids = NULL;
+    if ((a[0] = PyObject_GetAttr(answer, str_id_prefix)) != NULL
+        && (a[1] = PyObject_GetAttr(answer, str_positions)) != NULL
+        && (ids = n_msg_ids(NULL, a, 2, NULL)) != NULL && PyObject_SetAttr(answer, str_ids, ids) < 0)
+        Py_CLEAR(ids);
+    Py_XDECREF(a[0]);
+    Py_XDECREF(a[1]);
+    return ids;
+}
+
 static PyObject *batch_slot_result(BatchSlotObject *self, PyObject *const *args, Py_ssize_t nargs,
                                    PyObject *kwnames)
 {
@@ -1367,6 +1386,11 @@ static PyObject *batch_slot_result(BatchSlotObject *self, PyObject *const *args,
         goto slow;
     if ((ids = PyObject_GetAttr(answer, str_ids)) == NULL)
         goto error;
+    if (ids == Py_None) { /* the batch's first result asked for: every id of the batch, made once */
+        Py_DECREF(ids);
+        if ((ids = answer_ids(answer)) == NULL)
+            goto error;
+    }
     if (!PyList_CheckExact(ids) || self->index < 0 || self->index >= PyList_GET_SIZE(ids))
         goto slow;
     v[0] = Py_NewRef(PyList_GET_ITEM(ids, self->index));
@@ -1588,11 +1612,14 @@ PyMODINIT_FUNC PyInit__native(void)
         return NULL;
     str_answer = PyUnicode_InternFromString("answer");
     str_ids = PyUnicode_InternFromString("ids");
+    str_id_prefix = PyUnicode_InternFromString("id_prefix");
+    str_positions = PyUnicode_InternFromString("positions");
     str_topic = PyUnicode_InternFromString("topic");
     str_queue_id = PyUnicode_InternFromString("queue_id");
     str_first_offset = PyUnicode_InternFromString("first_offset");
     str_broker = PyUnicode_InternFromString("broker");
-    if (!str_answer || !str_ids || !str_topic || !str_queue_id || !str_first_offset || !str_broker)
+    if (!str_answer || !str_ids || !str_topic || !str_queue_id || !str_first_offset || !str_broker || !str_id_prefix
+        || !str_positions)
         return NULL;
     if (PyType_Ready(&BatchSlotType) < 0)
         return NULL;
