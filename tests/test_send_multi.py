@@ -143,6 +143,14 @@ def test_a_partly_stored_answer_fails_the_sections_not_stored_with_their_error()
         assert stored is None and type(error) is StoreError and "disk full" in str(error)
     refused = Frame(int(Code.SEND_MULTI), 1, FLAG_RESPONSE | FLAG_ERROR, {"error": "protocol", "message": "no"})
     assert [type(e) for _, e in send_multi.outcomes(refused, 2)] == [ProtocolError, ProtocolError]
+    # the producer's shortcut takes only an answer that stored every section; these go to outcomes
+    assert send_multi.all_stored(frame, 3) is None
+    assert send_multi.all_stored(frame, 1) is None  # a `failed` entry, even with the count right
+    assert send_multi.all_stored(refused, 2) is None
+    whole = Frame(int(Code.SEND_MULTI), 1, FLAG_RESPONSE,
+                  answer_header([AppendResult(7, [100], 150), AppendResult(0, [150, 190], 230)], None, "PFX"))
+    assert send_multi.all_stored(whole, 2) == [[7, [100]], [0, [150, 190]]]
+    assert send_multi.all_stored(whole, 3) is None
 
 
 class _Batch:
@@ -276,3 +284,22 @@ def test_over_zmq_batches_are_not_packed_and_every_message_is_stored(tmp_path):
         _assert_stored_in_order(b.address, futures, 2400)
     finally:
         b.stop()
+
+
+def test_a_frame_whose_sections_were_all_stored_resolves_each_batch_as_its_send_would():
+    """_OpenBatch.resolve_stored, the producer's usual SEND_MULTI answer: each batch its own
+    answer (topic, queue, first offset, ids), whether someone waits on it already or asks later."""
+    from equeue_core.client.producer import SendFuture, _OpenBatch
+
+    waited, later = _OpenBatch(2), _OpenBatch(0)
+    waited.count, later.count = 1, 2
+    future = waited.future()  # someone waits before the answer
+    items = [(("m.a", None, False), waited), (("m.b", None, False), later)]
+    _OpenBatch.resolve_stored(items, "PFX", [[7, [100]], [0, [150, 190]]])
+    assert future.result(0).first_offset == 7 and future.result(0).topic == "m.a"
+    got = [SendFuture(later, i).result(0) for i in range(2)] + [SendFuture(waited, 0).result(0)]
+    assert [(r.topic, r.queue_id, r.queue_offset, r.msg_id) for r in got] == [
+        ("m.b", 0, 0, msg_ids("PFX", [150])[0]), ("m.b", 0, 1, msg_ids("PFX", [190])[0]),
+        ("m.a", 2, 7, msg_ids("PFX", [100])[0])]
+    with pytest.raises(ValueError):  # an answer with fewer sections than the frame is a bug, loud
+        _OpenBatch.resolve_stored(items, "PFX", [[1, [5]]])

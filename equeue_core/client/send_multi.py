@@ -64,6 +64,18 @@ def split(body: bytes, sizes: Sequence[int]) -> list[bytes]:
     return out
 
 
+def all_stored(frame: Any, count: int) -> list[Any] | None:
+    """The usual answer's sections, when the broker stored all `count` of them: each section's
+    [first_offset, positions], in order (the id prefix is the header's). None for anything
+    else (an error answer, a section not stored), which `outcomes` words section by section."""
+    if frame.is_error:
+        return None
+    stored = frame.header.get("stored")
+    if type(stored) is not list or len(stored) != count or "failed" in frame.header:
+        return None
+    return stored
+
+
 def outcomes(frame: Any, count: int) -> list[tuple[tuple[str, int, list[int]] | None, EQueueError | None]]:
     """Each section's outcome from the broker's answer (`count` sections sent): ((id_prefix,
     first_offset, positions), None) when stored, (None, error) when not. An error answer fails
