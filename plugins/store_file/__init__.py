@@ -1,4 +1,4 @@
-"""The file store (the default): a chunked commit log, per-queue index files and an offsets file.
+"""The file store (the default): a chunked commit log, per-queue index files and consumer offsets.
 
 docs/format.md documents the bytes. One module per job:
 
@@ -11,7 +11,8 @@ docs/format.md documents the bytes. One module per job:
     queue_index.py  FileQueueIndex: 20-byte entries per queue, chunked files, pread reads
     recovery.py     checkpoint, scan/verify/truncate of the log after a crash
     store.py        FileMessageStore: append, reads, recovery orchestration, flusher, retention
-    offsets.py      FileOffsetStore: offsets + metadata values in offsets.json
+    offsets.py      FileOffsetStore: offsets in a snapshot (offsets.json) and a log; metadata values in meta/
+    offsets_log.py  the offsets log's records: what changed since the snapshot, one record a persist
     engine.py       FileEngine: the writer lock, then all of the above opened and closed together
     reader.py       FileStoreReader: another process's verified, read-only view + Arrow export
     plugin.py       the @hookimpl functions registering the engine and the reader as "file"

@@ -18,7 +18,8 @@ STORE_INFO = "store.json"         # {"format", "version", "chunk_size", "index_f
 CHECKPOINT = "checkpoint"         # CHECKPOINT_STRUCT, replaced atomically
 ABORT = "abort"                   # exists while a writer has the store open
 LOCK = "lock"                     # flock'ed by the one writer while the store is open
-OFFSETS = "offsets.json"          # consumer offsets (+ broker metadata of older stores), replaced atomically
+OFFSETS = "offsets.json"          # consumer offsets' snapshot (+ broker metadata of older stores), replaced atomically;
+                                  # offsets.<generation>.log continues it (offsets_log.py)
 META_DIR = "meta"                 # <data_dir>/meta/<key>: one broker metadata value each, replaced atomically
 NAME_DIGITS = 20                  # file names are zero-padded decimal numbers
 

@@ -38,8 +38,8 @@ from equeue_core.record import (
 )
 
 from .commit_log import list_chunks
-from .constants import CHECKPOINT, COMMITLOG_DIR, DEFAULT_CHUNK_SIZE, OFFSETS, file_name
-from .offsets import load_offsets_file
+from .constants import CHECKPOINT, COMMITLOG_DIR, DEFAULT_CHUNK_SIZE, file_name
+from .offsets import load_offsets
 from .queue_index import FileQueueIndex
 from .recovery import read_checkpoint
 from .store_info import load_store_info
@@ -254,7 +254,7 @@ class FileStoreReader:
         return data, at, complete
 
     def group_offsets(self) -> dict[tuple[str, str, int], int]:
-        return load_offsets_file(os.path.join(self.path, OFFSETS))[0]
+        return load_offsets(self.path).offsets
 
     def close(self) -> None:
         for fd in self._fds.values():
