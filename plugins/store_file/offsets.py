@@ -124,10 +124,10 @@ class FileOffsetStore:
         self._clean_logs(loaded)
         self._lock = threading.Lock()
         self._persist_lock = threading.Lock()
-        # Since the last persist: each changed key's offset (offsets_log.DELETED once removed),
-        # and whether the snapshot's own content (meta) changed
+        # each key changed since the last persist, and its offset (offsets_log.DELETED once removed)
         self._changed: dict[tuple[str, str, int], int] = {}
-        self._snapshot_due = not self._generation  # no log to append to yet: a snapshot first
+        # the next persist writes a snapshot: no log to append to yet, or `meta` changed
+        self._snapshot_due = not self._generation
 
     def _clean_logs(self, loaded: LoadedOffsets) -> None:
         """At open, as the one writer: remove stale logs, and cut a torn last append off the log
