@@ -4,7 +4,9 @@ Commits land in memory (consumers commit every few seconds per queue; no need to
 `persist` writes every changed offset in one engine write and makes it durable (the engine
 persists when it closes). delete_group is durable before it returns. Readers in other processes see the last
 persisted offsets (StoreReader.group_offsets). Thread-safe: the broker commits on its event loop
-and persists on another thread.
+and persists on another thread. The engine's durable write runs outside the lock commits take
+(a commit on the loop thread never waits for a sync), and persists and group deletions write one
+at a time, so the writes land in the order of the commits they carry.
 
 A value the key layout cannot hold (equeue_core/offset_limits.py) is refused by `commit` with
 InvalidOffsetError, so it never reaches a write; and a failed write leaves its offsets on the
@@ -27,7 +29,8 @@ OffsetKey = tuple[str, str, int]
 
 class KVOffsetStore(ABC):
     def __init__(self, stored: dict[OffsetKey, int]) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # _offsets and _dirty; never held across an engine write by persist
+        self._write_lock = threading.Lock()  # one persist or group deletion writing at a time
         self._dirty: set[OffsetKey] = set()
         self._offsets = stored
 
@@ -57,18 +60,24 @@ class KVOffsetStore(ABC):
             return dict(self._offsets)
 
     def delete_group(self, group: str) -> None:
-        with self._lock:
+        with self._write_lock, self._lock:  # no persist in flight could write the group back
             for k in [k for k in self._offsets if k[0] == group]:
                 del self._offsets[k]
                 self._dirty.discard(k)
             self._delete_offsets(keys.offset_key_prefix(group))
 
     def persist(self) -> None:
-        """Write every offset changed since the last persist; on failure they stay dirty."""
-        with self._lock:
-            if not self._dirty:
-                return
-            dirty = list(self._dirty)
-            items = [(keys.offset_key(*k), keys.U64_VALUE.pack(self._offsets[k])) for k in dirty]
-            self._write_offsets(items)  # raises: self._dirty still holds them, the next persist retries
-            self._dirty.difference_update(dirty)
+        """Write every offset changed since the last persist; on failure they are dirty again
+        (unless a newer commit of theirs is dirty already, or their group was deleted)."""
+        with self._write_lock:
+            with self._lock:
+                if not self._dirty:
+                    return
+                dirty, self._dirty = self._dirty, set()
+                items = [(keys.offset_key(*k), keys.U64_VALUE.pack(self._offsets[k])) for k in dirty]
+            try:
+                self._write_offsets(items)
+            except BaseException:
+                with self._lock:  # the next persist retries them, with their values by then
+                    self._dirty.update(k for k in dirty if k in self._offsets)
+                raise

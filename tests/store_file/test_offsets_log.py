@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 import time
 
 import pytest
@@ -174,3 +175,34 @@ def test_offsets_a_killed_broker_persisted_come_back(tmp_path) -> None:
     assert any(p.name.endswith(".log") for p in data.iterdir())
     offsets = _store(data).all()
     assert sum(o for (g, _, _), o in offsets.items() if g == "kg") == 40
+
+
+def test_a_commit_does_not_wait_for_a_persists_append(tmp_path) -> None:
+    """The broker commits on its loop thread while a worker persists: the log's write and
+    fdatasync run outside the lock commits take (the append is held open here, then let go)."""
+    store = _store(tmp_path)
+    store.commit("g", "t", 0, 1)
+    store.persist()  # the first persist writes a snapshot; the next one appends
+    real_append = store._append
+    entered, release = threading.Event(), threading.Event()
+
+    def held_append(record: bytes) -> None:
+        entered.set()
+        assert release.wait(10), "the test never let the append go"
+        real_append(record)
+
+    store._append = held_append
+    store.commit("g", "t", 0, 2)
+    persisting = threading.Thread(target=store.persist)
+    persisting.start()
+    try:
+        assert entered.wait(10)
+        committing = threading.Thread(target=store.commit, args=("g", "t", 1, 5))
+        committing.start()
+        committing.join(5)
+        assert not committing.is_alive(), "commit waited for the persist's append"
+    finally:
+        release.set()
+        persisting.join(10)
+    store.persist()
+    assert _store(tmp_path).all() == {("g", "t", 0): 2, ("g", "t", 1): 5}

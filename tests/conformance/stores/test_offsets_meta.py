@@ -3,6 +3,8 @@ persisted, reopened, and kept apart from each other."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from equeue_core.contracts import (
@@ -66,6 +68,42 @@ def test_delete_group_removes_only_that_group(harness):
     h.close()
     offsets = harness.open().engine.offsets
     assert offsets.all() == {("kept", "t", 0): 3, ("gone-too-similar", "t", 0): 4}
+
+
+def test_commits_and_group_deletions_racing_persists_lose_nothing_and_the_last_value_wins(harness):
+    """The broker commits on its loop thread while a worker persists (and a persist's write may
+    run outside the lock commits take): whatever a persist took, a later commit's value, and a
+    deletion after a commit, are what the store has at the end."""
+    h = harness.open()
+    offsets = h.engine.offsets
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def persist_until_stopped() -> None:
+        try:
+            for _ in range(100_000):
+                if stop.is_set():
+                    return
+                offsets.persist()
+        except BaseException as e:  # the test thread asserts on it
+            failures.append(e)
+
+    worker = threading.Thread(target=persist_until_stopped)
+    worker.start()
+    try:
+        for i in range(1, 2001):
+            offsets.commit("g", "t", i % 40, i)
+            if i % 100 == 0:
+                offsets.commit("gone", "t", 0, i)
+                offsets.delete_group("gone")
+    finally:
+        stop.set()
+        worker.join(30)
+    assert not worker.is_alive() and not failures, failures
+    offsets.persist()
+    h.close()
+    got = harness.open().engine.offsets.all()
+    assert got == {("g", "t", q): 2000 - (2000 - q) % 40 for q in range(40)}
 
 
 @pytest.mark.parametrize("bad", [("g", "t", -1, 5), ("g", "t", 0, -1), ("g", "t", 0, 1 << 64),
