@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import threading
 import time
 
 import pytest
@@ -21,6 +20,7 @@ from equeue_core.client import Consumer, Message, Producer
 from equeue_core.contracts import StoreSettings
 from tests.helpers.broker import BrokerProcess, create_topic
 from tests.helpers.counting import CountingHandler
+from tests.helpers.held_write import assert_commit_not_blocked_by_write
 
 
 def _store(path) -> FileOffsetStore:
@@ -178,31 +178,12 @@ def test_offsets_a_killed_broker_persisted_come_back(tmp_path) -> None:
 
 
 def test_a_commit_does_not_wait_for_a_persists_append(tmp_path) -> None:
-    """The broker commits on its loop thread while a worker persists: the log's write and
-    fdatasync run outside the lock commits take (the append is held open here, then let go)."""
+    """The log's write and fdatasync run outside the lock commits take: held open here, a commit
+    finishes meanwhile."""
     store = _store(tmp_path)
     store.commit("g", "t", 0, 1)
     store.persist()  # the first persist writes a snapshot; the next one appends
-    real_append = store._append
-    entered, release = threading.Event(), threading.Event()
-
-    def held_append(record: bytes) -> None:
-        entered.set()
-        assert release.wait(10), "the test never let the append go"
-        real_append(record)
-
-    store._append = held_append
     store.commit("g", "t", 0, 2)
-    persisting = threading.Thread(target=store.persist)
-    persisting.start()
-    try:
-        assert entered.wait(10)
-        committing = threading.Thread(target=store.commit, args=("g", "t", 1, 5))
-        committing.start()
-        committing.join(5)
-        assert not committing.is_alive(), "commit waited for the persist's append"
-    finally:
-        release.set()
-        persisting.join(10)
+    assert_commit_not_blocked_by_write(store, "_append", ("g", "t", 1), 5)
     store.persist()
     assert _store(tmp_path).all() == {("g", "t", 0): 2, ("g", "t", 1): 5}

@@ -7,13 +7,13 @@ behaviour docs/stores.md promises for the two key-value stores, when they are in
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
 from equeue_core.contracts import StoreSettings
 from equeue_core.errors import ConfigError, EQueueError, StoreError
 from equeue_core.plugins import get_plugin_manager
+from tests.helpers.held_write import assert_commit_not_blocked_by_write
 
 from .kit import append, check_message, make_batch, open_store, read_all, store_names
 
@@ -166,33 +166,12 @@ def test_lmdb_writer_after_a_reader_in_the_same_process_is_a_store_error(tmp_pat
 
 @pytest.mark.parametrize("name", KV_STORES)
 def test_a_commit_does_not_wait_for_a_persists_durable_write(name, tmp_path):
-    """The broker commits on its event loop while a worker persists: the engine's durable write
-    (a sync transaction, a synced WriteBatch) runs outside the lock commits take. Here the write
-    is held open (the real one runs once the test lets it) and a commit must finish meanwhile."""
+    """The engine's durable write of a persist (a sync transaction, a synced WriteBatch) runs
+    outside the lock commits take: held open here, a commit finishes meanwhile."""
     h = open_store(name, str(tmp_path / "data"))
     offsets = h.engine.offsets
-    real_write = offsets._write_offsets
-    entered, release = threading.Event(), threading.Event()
-
-    def held_write(items):
-        entered.set()
-        assert release.wait(10), "the test never let the write go"
-        real_write(items)
-
-    offsets._write_offsets = held_write
     offsets.commit("g", "t", 0, 1)
-    persisting = threading.Thread(target=offsets.persist)
-    persisting.start()
-    try:
-        assert entered.wait(10)
-        committing = threading.Thread(target=offsets.commit, args=("g", "t", 1, 2))
-        committing.start()
-        committing.join(5)
-        assert not committing.is_alive(), "commit waited for the persist's write"
-    finally:
-        release.set()
-        persisting.join(10)
-    offsets._write_offsets = real_write
+    assert_commit_not_blocked_by_write(offsets, "_write_offsets", ("g", "t", 1), 2)
     offsets.persist()
     h.close()
     again = open_store(name, str(tmp_path / "data"))
