@@ -132,9 +132,9 @@ class FileOffsetStore:
     def _clean_logs(self, loaded: LoadedOffsets) -> None:
         """At open, as the one writer: remove stale logs, and cut a torn last append off the log
         (a record appended after it would never be read)."""
+        named = os.path.basename(offsets_log.log_path(self.data_dir, loaded.generation)) if loaded.generation else None
         for name in os.listdir(self.data_dir):
-            if offsets_log.is_log_name(name) and name != os.path.basename(
-                    offsets_log.log_path(self.data_dir, loaded.generation)):
+            if offsets_log.is_log_name(name) and name != named:
                 os.unlink(os.path.join(self.data_dir, name))
         if loaded.generation and loaded.log_size > loaded.log_bytes:
             log.warning("offsets log %s: cutting %d bytes of a torn last append",

@@ -111,11 +111,12 @@ def test_a_log_the_snapshot_does_not_name_is_stale_and_removed(tmp_path) -> None
 def test_an_older_stores_snapshot_is_read_and_its_first_persist_writes_one_naming_a_log(tmp_path) -> None:
     (tmp_path / OFFSETS).write_text(json.dumps({  # the layout a store wrote before the log
         "format": "equeue-offsets", "version": 1, "offsets": [["g", "t", 0, 5]], "meta": {}}))
-    leftover = log_path(str(tmp_path), 1)  # a log such a snapshot does not name (a downgrade, then back)
-    with open(leftover, "wb") as f:
-        f.write(encode_record([(("g", "t", 0), 1)]))
+    leftovers = [log_path(str(tmp_path), n) for n in (0, 1)]  # logs such a snapshot does not name (a downgrade, then back)
+    for leftover in leftovers:
+        with open(leftover, "wb") as f:
+            f.write(encode_record([(("g", "t", 0), 1)]))
     store = _store(tmp_path)
-    assert store.all() == {("g", "t", 0): 5} and not os.path.exists(leftover)
+    assert store.all() == {("g", "t", 0): 5} and not any(os.path.exists(p) for p in leftovers)
     store.commit("g", "t", 0, 6)
     store.persist()
     assert _generation(tmp_path) == 1 and _store(tmp_path).get("g", "t", 0) == 6
