@@ -42,7 +42,7 @@ from equeue_core.errors import StoreError
 from equeue_core.offset_limits import check_offset
 
 from . import offsets_log
-from .atomic import fsync_dir, write_atomic
+from .atomic import fsync_dir, write_all, write_atomic
 from .constants import META_DIR, OFFSETS
 
 log = logging.getLogger(__name__)
@@ -147,14 +147,15 @@ class FileOffsetStore:
     def _clean_logs(self, loaded: LoadedOffsets) -> None:
         """At open, as the one writer: remove stale logs, and cut a torn last append off the log
         (a record appended after it would never be read)."""
-        named = os.path.basename(offsets_log.log_path(self.data_dir, loaded.generation)) if loaded.generation else None
+        named = offsets_log.log_path(self.data_dir, loaded.generation) if loaded.generation else None
         for name in os.listdir(self.data_dir):
-            if offsets_log.is_log_name(name) and name != named:
-                os.unlink(os.path.join(self.data_dir, name))
-        if loaded.generation and loaded.log_size > loaded.log_bytes:
-            log.warning("offsets log %s: cutting %d bytes of a torn last append",
-                        offsets_log.log_path(self.data_dir, loaded.generation), loaded.log_size - loaded.log_bytes)
-            os.truncate(offsets_log.log_path(self.data_dir, loaded.generation), loaded.log_bytes)
+            path = os.path.join(self.data_dir, name)
+            if offsets_log.is_log_name(name) and path != named:
+                os.unlink(path)
+        if named is not None and loaded.log_size > loaded.log_bytes:
+            log.warning("offsets log %s: cutting %d bytes of a torn last append", named,
+                        loaded.log_size - loaded.log_bytes)
+            os.truncate(named, loaded.log_bytes)
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
         return self._offsets.get((group, topic, queue_id))
@@ -194,9 +195,10 @@ class FileOffsetStore:
         log, or (past COMPACT_MIN_BYTES and the snapshot's size, or `force`) write a snapshot of
         everything. Skipped if nothing changed.
 
-        The broker calls it on a worker thread, under the lock its loop thread's commits take,
-        and building and encoding hold the GIL: so the usual persist encodes only the offsets
-        that moved (a few ms of work against ~20 ms for 100k offsets as a snapshot)."""
+        The broker calls it on a worker thread. What it writes is taken under the lock its loop
+        thread's commits take (for a snapshot, every offset), and encoding holds the GIL: so the
+        usual persist takes and encodes only the offsets that moved (0.2-0.3 ms against 20-40
+        ms for 100k offsets as a snapshot). The write and its fsync run outside that lock."""
         with self._persist_lock:
             with self._lock:
                 if not (self._changed or self._snapshot_due or force):
@@ -255,9 +257,7 @@ class FileOffsetStore:
             if made:
                 fsync_dir(self.data_dir)  # the new log's name survives a crash
         try:
-            view = memoryview(record)
-            while view:
-                view = view[os.write(self._log_fd, view):]
+            write_all(self._log_fd, record)
             os.fdatasync(self._log_fd)
         except BaseException:
             try:

@@ -25,7 +25,7 @@ from equeue_core.contracts import StoreSettings
 from equeue_core.errors import StoreError
 from equeue_core.record import INDEX_ENTRY_SIZE
 
-from .atomic import fsync_dir
+from .atomic import fsync_dir, write_all
 from .constants import DEFAULT_INDEX_FILE_ENTRIES, INDEX_DIR, file_name, parse_file_name
 from .store_info import load_store_info
 
@@ -191,7 +191,7 @@ class FileQueueIndex:
         n = len(entries) // INDEX_ENTRY_SIZE
         per = self.entries_per_file
         if q.fd >= 0 and q.end + n <= q.fd_first + per:  # the common case: one write, no roll
-            _write_all(q.fd, entries)
+            write_all(q.fd, entries)
             q.tail = (q.end, bytes(entries)) if n <= TAIL_ENTRIES else None
             q.end += n
             q.dirty = True
@@ -204,7 +204,7 @@ class FileQueueIndex:
             if q.fd < 0 or off >= q.fd_first + per:
                 self._roll(q, off - off % per)
             take = min(n - done, q.fd_first + per - off)
-            _write_all(q.fd, mv[done * INDEX_ENTRY_SIZE:(done + take) * INDEX_ENTRY_SIZE])
+            write_all(q.fd, mv[done * INDEX_ENTRY_SIZE:(done + take) * INDEX_ENTRY_SIZE])
             done += take
             q.end += take
         q.dirty = True
@@ -487,16 +487,6 @@ class FileQueueIndex:
         for _, fd in self._retired:
             os.close(fd)
         self._retired = []
-
-
-def _write_all(fd: int, data: memoryview | bytes | bytearray) -> None:
-    n = os.write(fd, data)  # the usual case: all of it in one write
-    if n == len(data):
-        return
-    mv = memoryview(data)[n:]
-    while mv:
-        n = os.write(fd, mv)
-        mv = mv[n:]
 
 
 def _fsync_dir(path: str) -> None:
