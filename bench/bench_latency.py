@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:
 
 from bench.answer_window import AnswerWindow  # noqa: E402  (after the path: a --baseline role imports it too)
 from bench.child import role_result  # noqa: E402
-from bench.peers.common import Latencies, paced, stamp  # noqa: E402
+from bench.peers.common import Latencies, paced, stamp, tree_cpu_seconds  # noqa: E402
 
 
 def emit(result: dict) -> None:
@@ -128,11 +128,11 @@ def role_sender(address: str, topic: str, rate: int, seconds: float, mode: str, 
         p.send(Message(topic, b"\0" * 100))
         send = p.send if mode == "send" else p.send_async
         cpu0 = time.process_time()
-        sent_s = paced(n, rate, pacing == "spin", lambda i, due: send(Message(topic, stamp(100, due))))
+        row = paced(n, rate, pacing == "spin", lambda i, due: send(Message(topic, stamp(100, due))))
         p.flush()
         cpu = time.process_time() - cpu0
         lane = getattr(p, "lane_frames", None)  # None: a --baseline tree without the lane
-    return {"sent": n, "achieved_rate": n / sent_s, "lane_frames": lane,
+    return {"sent": n, "achieved_rate": row["msgs_per_s"], "lane_frames": lane,
             "sender_cpu_us_per_msg": cpu * 1e6 / n if pacing == "sleep" else None}
 
 
@@ -318,8 +318,14 @@ def run(args: argparse.Namespace) -> None:
                                                ("send", "spin", "spin"), ("async", "spin", "spin")):
                         if case in only:
                             for receiver in args.receiver.split(","):
+                                cpu0 = tree_cpu_seconds(b.proc.pid)
                                 res = _e2e(code, b.address, f"lat-{mode}-{pacing}-{receiver}", args.rate,
                                            args.seconds, mode, pacing, receiver)
+                                cpu = tree_cpu_seconds(b.proc.pid)
+                                # the broker's CPU during the row (receiver and sender start-up included)
+                                res["broker_cpu_us_per_msg"] = (
+                                    None if cpu0 is None or cpu is None or not res.get("sent")
+                                    else round((cpu - cpu0) * 1e6 / res["sent"], 1))
                                 emit({"bench": case, "code": label, "round": rnd, "rate": args.rate, "mode": mode,
                                       "pacing": pacing, "receiver": receiver, **res})
                     if "single" in only:
