@@ -32,6 +32,17 @@ class PullHold:
     def __init__(self) -> None:
         self._waiting: dict[tuple[str, int], list[Waker]] = {}
         self._expiries: dict[int, _Expiry] = {}  # hold length in ms -> its pulls' deadlines
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the held pulls live on, taken at the first pull and kept: CPython 3.11's
+        asyncio.get_running_loop() makes a getpid() system call, ~2 % of the broker's loop
+        thread at 5k msg/s when every pull asked for it (docs/benchmarks.md)."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def park(self, topic: str, queue_id: int, woken: Waker) -> None:
         """Call `woken()` at the next arrival on the queue (once; park again to wait again)."""
@@ -93,7 +104,7 @@ class PullHold:
             group = self._expiries[key] = _Expiry()
         group.pulls[pull] = deadline
         if group.timer is None:
-            group.timer = asyncio.get_running_loop().call_later(max(0.0, deadline - now), self._expired, key)
+            group.timer = self.loop.call_later(max(0.0, deadline - now), self._expired, key)
         return key
 
     def unexpire(self, pull: HeldPull, key: int) -> None:
@@ -126,7 +137,7 @@ class PullHold:
             return  # a pull parked while the due ones were answered set it
         if pulls:
             delay = max(0.0, next(iter(pulls.values())) - time.monotonic())
-            group.timer = asyncio.get_running_loop().call_later(delay, self._expired, key)
+            group.timer = self.loop.call_later(delay, self._expired, key)
         else:
             del self._expiries[key]
 
@@ -166,7 +177,7 @@ class HeldPull:
         self._topic = topic
         self._queue_id = queue_id
         self._answer = answer
-        self.late = LateAnswer(asyncio.get_running_loop())
+        self.late = LateAnswer(hold.loop)
         self._expiry: int | None = hold.expire_at(self, deadline)
         hold.park(topic, queue_id, self._woken)
         self.late.add_done_callback(self._forget)

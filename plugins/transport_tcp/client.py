@@ -57,6 +57,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.pending: dict[int, asyncio.Future] = {}
         self.transport: asyncio.Transport | None = None
         self.writer: WriteCoalescer | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # set by connection_made
         self.lost = False
         self.write_paused = False
         self._resumed: asyncio.Future | None = None
@@ -73,8 +74,11 @@ class _ClientProtocol(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        # the loop this connection lives on, kept: CPython 3.11's asyncio.get_running_loop()
+        # makes a getpid() system call, and every request needs the loop
+        self.loop = asyncio.get_running_loop()
         # large flushes with the GIL released (WriteCoalescer), on a plain connection only
-        self.writer = WriteCoalescer(transport, asyncio.get_running_loop(), direct=self._owner._tls is None)
+        self.writer = WriteCoalescer(transport, self.loop, direct=self._owner._tls is None)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.reader.get_buffer(sizehint)
@@ -277,7 +281,7 @@ class TcpClientConnection:
             await proto.write_turn()
         if proto.lost:  # dropped (or refused by the server) before we could write
             raise proto.refusal or ConnectionLostError(f"connection to {self.address} lost")
-        loop = asyncio.get_running_loop()
+        loop = proto.loop
         fut = loop.create_future()
         proto.pending[request_id] = fut
         timer = loop.call_later(timeout, _expire, fut, request_id, timeout)
