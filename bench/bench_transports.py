@@ -10,6 +10,10 @@ is its own process with one connection. Workloads:
 - `bulk_64k`:  64 KiB request bodies answered with a header-only ack, 8 in flight per client
   (what a producer sending batches looks like); reported as MiB/s of body moved.
 
+`tls` runs with throw-away certificates made for the run (tests/helpers/certs.py: a CA, a server
+certificate for 127.0.0.1; the clients verify it, no client certificate), so its rows are what TLS
+costs over `tcp`.
+
 One JSON line per result (ops/s, MiB/s, p50/p99 latency in ms, and CPU microseconds per request
 for the server process and the clients: on a shared, loaded machine the CPU figures move far less
 than the wall-clock ones), then one line per workload with the ratio of each transport to tcp
@@ -25,9 +29,12 @@ import json
 import multiprocessing as mp
 import os
 import resource
+import shutil
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 ECHO = 1
@@ -63,7 +70,20 @@ def _cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def server_main(name: str, ready: Any, stop: Any, control: Any, answers: Any) -> None:
+def settings_for(name: str, certs_dir: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """The TransportSettings fields (server's, client's) a transport needs to run at all: `tls`
+    serves a certificate the clients verify, made in `certs_dir` on first use."""
+    if name != "tls":
+        return {}, {}
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.helpers.certs import make_certs
+
+    certs = make_certs(certs_dir)
+    return ({"tls_cert": str(certs.server_cert), "tls_key": str(certs.server_key)},
+            {"tls_ca": str(certs.ca)})
+
+
+def server_main(name: str, settings: dict[str, str], ready: Any, stop: Any, control: Any, answers: Any) -> None:
     from equeue_core.contracts import TransportSettings
     from equeue_core.plugins import get_plugin_manager
 
@@ -75,7 +95,7 @@ def server_main(name: str, ready: Any, stop: Any, control: Any, answers: Any) ->
 
     async def main() -> None:
         transport = get_plugin_manager().transport(name)
-        server = await transport.serve("127.0.0.1", 0, BenchHandler(), TransportSettings())
+        server = await transport.serve("127.0.0.1", 0, BenchHandler(), TransportSettings(**settings))
         ready.put(server.address[1])
         await asyncio.to_thread(stop.wait, 600)
         await server.close()
@@ -87,7 +107,7 @@ def server_main(name: str, ready: Any, stop: Any, control: Any, answers: Any) ->
 # ------------------------------------------------------------------ client process
 
 
-def client_main(name: str, port: int, workload: str, depth: int, duration: float,
+def client_main(name: str, settings: dict[str, str], port: int, workload: str, depth: int, duration: float,
                 ready: Any, go: Any, results: Any) -> None:
     from equeue_core.contracts import TransportSettings
     from equeue_core.frame import Frame
@@ -95,7 +115,7 @@ def client_main(name: str, port: int, workload: str, depth: int, duration: float
 
     async def main() -> dict:
         transport = get_plugin_manager().transport(name)
-        conn = await transport.connect("127.0.0.1", port, TransportSettings())
+        conn = await transport.connect("127.0.0.1", port, TransportSettings(**settings))
         if workload == "small_rr":
             code, body, header = ECHO, os.urandom(SMALL_BODY), {"topic": "bench", "queue": 1}
         else:
@@ -139,11 +159,11 @@ def client_main(name: str, port: int, workload: str, depth: int, duration: float
 # ------------------------------------------------------------------ driver
 
 
-def run_case(ctx: Any, name: str, port: int, workload: str, clients: int, depth: int,
+def run_case(ctx: Any, name: str, settings: dict[str, str], port: int, workload: str, clients: int, depth: int,
              duration: float, control: Any, answers: Any) -> dict:
     ready, go, results = ctx.Queue(), ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=client_main,
-                         args=(name, port, workload, depth, duration, ready, go, results))
+                         args=(name, settings, port, workload, depth, duration, ready, go, results))
              for _ in range(clients)]
     for p in procs:
         p.start()
@@ -191,26 +211,31 @@ def main(argv: list[str] | None = None) -> None:
     cases = [("small_rr", 1), ("small_rr", 32), ("bulk_64k", 8)]
     ctx = mp.get_context("spawn")
     rows: list[dict] = []
-    for name in names:
-        ready, stop, control, answers = ctx.Queue(), ctx.Event(), ctx.Queue(), ctx.Queue()
-        server = ctx.Process(target=server_main, args=(name, ready, stop, control, answers))
-        server.start()
-        try:
-            port = ready.get(timeout=60)
-            for workload, depth in cases:
-                for clients in client_counts:
-                    row = run_case(ctx, name, port, workload, clients, depth, args.duration,
-                                   control, answers)
-                    row["cpus"] = os.cpu_count()
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-        finally:
-            control.put(None)
-            stop.set()
-            server.join(30)
-            if server.is_alive():
-                server.kill()
-                server.join()
+    certs_dir = Path(tempfile.mkdtemp(prefix="equeue-bench-transports-"))
+    try:
+        for name in names:
+            server_settings, client_settings = settings_for(name, certs_dir)
+            ready, stop, control, answers = ctx.Queue(), ctx.Event(), ctx.Queue(), ctx.Queue()
+            server = ctx.Process(target=server_main, args=(name, server_settings, ready, stop, control, answers))
+            server.start()
+            try:
+                port = ready.get(timeout=60)
+                for workload, depth in cases:
+                    for clients in client_counts:
+                        row = run_case(ctx, name, client_settings, port, workload, clients, depth, args.duration,
+                                       control, answers)
+                        row["cpus"] = os.cpu_count()
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+            finally:
+                control.put(None)
+                stop.set()
+                server.join(30)
+                if server.is_alive():
+                    server.kill()
+                    server.join()
+    finally:
+        shutil.rmtree(certs_dir, ignore_errors=True)
     base = {(r["workload"], r["clients"], r["depth"]): r for r in rows if r["transport"] == "tcp"}
     for r in rows:
         ref = base.get((r["workload"], r["clients"], r["depth"]))
