@@ -35,6 +35,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 ECHO = 1
@@ -72,10 +73,12 @@ def _cpu_seconds() -> float:
 
 def settings_for(name: str, certs_dir: Path) -> tuple[dict[str, str], dict[str, str]]:
     """The TransportSettings fields (server's, client's) a transport needs to run at all: `tls`
-    serves a certificate the clients verify, made in `certs_dir` on first use."""
+    serves a certificate made in `certs_dir`, which the clients verify."""
     if name != "tls":
         return {}, {}
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:  # tests/helpers, when run from another directory
+        sys.path.insert(0, root)
     from tests.helpers.certs import make_certs
 
     certs = make_certs(certs_dir)
@@ -159,6 +162,21 @@ def client_main(name: str, settings: dict[str, str], port: int, workload: str, d
 # ------------------------------------------------------------------ driver
 
 
+def _get_while_alive(queue: Any, procs: list, timeout: float, what: str) -> Any:
+    """queue.get(timeout=timeout), but a process of `procs` that exits with an error ends the wait
+    at once with its exit code (its traceback is on stderr already), not after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return queue.get(timeout=0.2)
+        except Empty:
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                raise RuntimeError(f"{what} exited with code {failed[0]} (its traceback is above)") from None
+            if time.monotonic() >= deadline:
+                raise
+
+
 def run_case(ctx: Any, name: str, settings: dict[str, str], port: int, workload: str, clients: int, depth: int,
              duration: float, control: Any, answers: Any) -> dict:
     ready, go, results = ctx.Queue(), ctx.Event(), ctx.Queue()
@@ -169,11 +187,11 @@ def run_case(ctx: Any, name: str, settings: dict[str, str], port: int, workload:
         p.start()
     try:
         for _ in procs:
-            ready.get(timeout=60)
+            _get_while_alive(ready, procs, 60, f"{name} client")
         control.put("mark")
         server_cpu0 = answers.get(timeout=10)
         go.set()
-        parts = [results.get(timeout=duration + 60) for _ in procs]
+        parts = [_get_while_alive(results, procs, duration + 60, f"{name} client") for _ in procs]
         control.put("mark")
         server_cpu = answers.get(timeout=10) - server_cpu0
     finally:
@@ -219,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
             server = ctx.Process(target=server_main, args=(name, server_settings, ready, stop, control, answers))
             server.start()
             try:
-                port = ready.get(timeout=60)
+                port = _get_while_alive(ready, [server], 60, f"{name} server")
                 for workload, depth in cases:
                     for clients in client_counts:
                         row = run_case(ctx, name, client_settings, port, workload, clients, depth, args.duration,
