@@ -5,20 +5,11 @@ noticed.) Nothing here asserts a time."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.bench_rows import bench_rows
 
 
 def test_the_end_to_end_case_gives_every_figure_for_both_senders():
-    r = subprocess.run([sys.executable, "-m", "bench.bench_latency", "--only", "e2e", "--rate", "1000",
-                        "--seconds", "0.5", "--rounds", "1"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    rows = bench_rows("bench.bench_latency", "--only", "e2e", "--rate", "1000", "--seconds", "0.5", "--rounds", "1")
     assert [(row["bench"], row["mode"]) for row in rows] == [("e2e", "send"), ("e2e", "async")]
     for row in rows:
         assert row["sent"] == 500 and row["count"] == 500, row

@@ -4,23 +4,15 @@ inputs. Nothing here asserts a time."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 from bench.bench_push_handoff import slow_messages
+from tests.helpers.bench_rows import bench_rows
 
-ROOT = Path(__file__).resolve().parent.parent
 MS = 1_000_000
 
 
 def test_both_models_give_every_figure():
-    r = subprocess.run([sys.executable, "-m", "bench.bench_push_handoff", "--threads", "2", "--models",
-                        "loop,pulling", "--count", "400", "--rate", "1000"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    rows = bench_rows("bench.bench_push_handoff", "--threads", "2", "--models", "loop,pulling", "--count", "400",
+                      "--rate", "1000")
     assert [row["model"] for row in rows] == ["loop", "pulling"]
     for row in rows:
         assert row["count"] == 400 and row["end_to_end"]["count"] == 400, row

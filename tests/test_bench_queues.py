@@ -4,24 +4,11 @@ figure instead of dividing by zero. Nothing here asserts a time."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def bench_rows(*args: str) -> list[dict]:
-    """The JSON rows of one `bench.bench_queues` run with these arguments (it must succeed)."""
-    r = subprocess.run([sys.executable, "-m", "bench.bench_queues", *args], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+from tests.helpers.bench_rows import bench_rows
 
 
 def test_one_small_case_without_the_connection_figure():
-    rows = bench_rows("--count", "2000", "--cases", "4", "--connections", "0", "--sync-seconds", "0",
+    rows = bench_rows("bench.bench_queues", "--count", "2000", "--cases", "4", "--connections", "0", "--sync-seconds", "0",
                       "--paced-seconds", "0")
     assert [row["bench"] for row in rows] == ["queues"]
     row = rows[0]
@@ -36,7 +23,7 @@ def test_the_paced_many_topic_case_alone():
     """`--cases none` runs no queue-count case; the paced ones (queues written first, and
     queues only created) give latency percentiles from their samples and the CPU of both ends,
     for the messages they sent at the pace asked."""
-    rows = bench_rows("--cases", "none", "--connections", "0", "--sync-seconds", "0", "--paced-seconds", "0.5",
+    rows = bench_rows("bench.bench_queues", "--cases", "none", "--connections", "0", "--sync-seconds", "0", "--paced-seconds", "0.5",
                       "--paced-rate", "4000")
     assert [row["bench"] for row in rows] == ["queues_paced", "queues_paced_cold"]
     for row in rows:

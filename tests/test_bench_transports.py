@@ -5,23 +5,14 @@ Nothing here asserts a speed."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 from equeue_core.plugins import get_plugin_manager
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.bench_rows import bench_rows
 
 
 def test_every_installed_transport_runs_every_case():
     names = get_plugin_manager().names("equeue_transports")
     assert {"tcp", "tls", "zmq"} <= set(names)
-    r = subprocess.run([sys.executable, "-m", "bench.bench_transports", "--duration", "0.3", "--clients", "1"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    rows = bench_rows("bench.bench_transports", "--duration", "0.3", "--clients", "1", timeout=600)
     cases = {(row["transport"], row["workload"], row["depth"]) for row in rows if row["bench"] == "transport"}
     assert cases == {(name, workload, depth) for name in names
                      for workload, depth in (("small_rr", 1), ("small_rr", 32), ("bulk_64k", 8))}

@@ -318,7 +318,7 @@ class TcpClientConnection:
         buffers = wire.encode_parts(code, request_id, 0, header, body, self.settings.max_frame_size)
         proto.pending[request_id] = _CallbackRequest(done)  # type: ignore[assignment]
         with self._thread_lock:
-            self._set_deadline(asyncio.get_running_loop(), request_id, timeout)
+            self._set_deadline(proto.loop, request_id, timeout)
         proto.writer.write(buffers)
         return True
 
