@@ -24,6 +24,29 @@ the loop thread's samples on the doorbell's release). At 5k msg/s the consumer's
 fell 124-129 -> 97-107 us and the end-to-end p99 0.97-1.36 -> 0.68-0.88 ms (docs/benchmarks.md,
 "The push Consumer's doorbell at the end of the turn").
 
+Workers wake only while they are of use. A handler that only computes holds the GIL, so a second
+worker running beside it adds GIL hand-offs and wake-ups, not speed. Draining 300k messages with
+a handler that only counts (medians of six drains, alternating with the pool that woke a worker
+for every queue with a batch): 4 queues 1.75 -> 2.13 M msg/s, 1000 queues 1.37 -> 1.50 M, 100
+topics 1.46 -> 1.55 M (docs/benchmarks.md, "Workers that wake only while they are of use"). At a
+fixed pull batch of 125 over 4 queues a batch cost the consumer ~52 us of CPU with `threads=8`
+(four workers awake) and ~24 us with `threads=1`.
+
+So the pool keeps at most `busy_limit` workers busy, one to begin with; a queue that needs a
+thread beyond that waits in line for a busy worker, which takes it once its current batch is
+done. The limit goes to `threads` as soon as the handlers are seen to wait rather than compute:
+- two batches in a row that each took `block_min_s` (1 ms) or more while the whole process used
+  less than a quarter of that time in CPU (the handler slept, waited on I/O or a lock: another
+  worker would have run). Two, not one: a worker the kernel puts aside for a while on a busy
+  machine looks like that once;
+- or queues waited in line while no batch finished for `rescue_s` (10 ms): a handler call that
+  does not return soon, whatever it does, never holds the others up longer than that.
+It comes back to one once no batch has shown either for `calm_s` (2 s). The CPU is the process's,
+not the worker's own: a worker that waits for the GIL while the loop thread reads an answer is not
+blocked (the process is busy then); one that waits on a socket leaves the process idle. The cost:
+two `time.process_time()` calls a batch (~1 us), and handlers that wait run one at a time until
+two batches (or `rescue_s`) show it, again after each calm spell.
+
 Guarantees:
 - A queue's batches run in the order they were submitted, at most `parallel_per_queue` at once
   (1: a queue's messages reach the handler in offset order).
@@ -38,6 +61,8 @@ Guarantees:
 - A batch still running `timeout` seconds after it started is finished at once by `expire()`: its
   unrun and unfinished messages count as failed (`on_done` gets it then, and never again), it
   hands out nothing more, and its queue goes on on another thread.
+- Up to `threads` handler calls run at once while the handlers are seen to wait (above); a queue
+  in line while a worker could take it waits at most `rescue_s` once no batch finishes.
 - No batch of a dropped queue, and none at all once `halt()` was called, is started; a batch
   running then hands out no further message (the call in progress finishes). The worker reads a
   plain flag before each message (`BatchRun.halted`), set by `halt()` and by `expire()`: a
@@ -57,6 +82,10 @@ from typing import Any
 from equeue_core.client.message import ReceivedMessage
 from equeue_core.client.process_queue import ProcessQueue
 from equeue_core.client.pulled_batch import PulledBatch
+
+BLOCK_MIN_S = 0.001  # two batches in a row this long, the process at under a quarter CPU: handlers wait
+RESCUE_S = 0.01  # queues in line and no batch finished for this long: workers take them
+CALM_S = 2.0  # no sign of waiting handlers for this long: back to one busy worker
 
 Batch = list[ReceivedMessage] | PulledBatch  # messages, or a pull answer decoded by the worker
 # run_chunk(msgs, results, stop_on_failure, keep_going, halt): the pool passes keep_going None and
@@ -95,8 +124,20 @@ class HandlerPool:
 
     def __init__(self, threads: int, parallel_per_queue: int, run_chunk: RunChunk,
                  on_done: Callable[[BatchRun], None], loop: asyncio.AbstractEventLoop, name: str,
-                 count_handled: Callable[[int], None] = lambda n: None) -> None:
+                 count_handled: Callable[[int], None] = lambda n: None, *,
+                 block_min_s: float = BLOCK_MIN_S, rescue_s: float = RESCUE_S, calm_s: float = CALM_S) -> None:
         self._max_threads = max(1, threads)
+        # Workers busy at most before a queue waits in line for one of them (module docstring):
+        # one, or `threads` while the handlers are seen to wait
+        self._target = 1
+        self._block_min_s = block_min_s
+        self._rescue_s = rescue_s
+        self._calm_s = calm_s
+        self._last_wait = 0.0  # time.monotonic() when the handlers were last seen to wait
+        self._active = 0  # workers with a queue (lock held), stuck ones included (see _stuck)
+        self._finished_count = 0  # batches finished so far (lock held)
+        self._waits_in_row = 0  # the last finished batches that showed a waiting handler (lock held)
+        self._rescue_mark: int | None = None  # _finished_count when the rescue check was armed
         self._parallel = max(1, parallel_per_queue)
         self._run_chunk = run_chunk
         self._on_done = on_done
@@ -129,22 +170,68 @@ class HandlerPool:
 
     def _schedule(self, pq: ProcessQueue) -> None:
         """(loop thread, lock held) Give pq to the worker that went idle last, else to a new
-        thread (up to the limit), else put it in line for the next worker that finishes."""
+        thread (up to the limit), while fewer than `target` workers are busy; else put it in line
+        for the next worker that finishes (and watch that line: _rescue)."""
         pq.running += 1
         self._slots += 1
+        if self._active - self._stuck < self._target and self._can_hire():
+            self._hire(pq, self._to_ring_this_turn())
+            return
+        self._line.append(pq)
+        if self._rescue_mark is None and self._can_hire():
+            self._rescue_mark = self._finished_count
+            self._loop.call_later(self._rescue_s, self._rescue)
+
+    def _can_hire(self) -> bool:
+        """(lock held) A worker could take a queue now: one sleeps, or a thread may be started."""
+        return bool(self._sleepers) or len(self._threads) < self._max_threads
+
+    def _hire(self, pq: ProcessQueue, to_ring: list[_Worker]) -> None:
+        """(lock held, _can_hire) Put a worker on pq: the one that went idle last (added to
+        `to_ring`, for the caller to ring), else a new thread."""
+        self._active += 1
         if self._sleepers:
             worker = self._sleepers.pop()
             worker.job = pq
-            if not self._to_ring:
-                self._loop.call_soon(self._ring)
-            self._to_ring.append(worker)
-        elif len(self._threads) < self._max_threads:
+            to_ring.append(worker)
+        else:
             t = threading.Thread(target=self._work, args=(_Worker(pq),),
                                  name=f"{self._name}-{len(self._threads)}", daemon=True)
             self._threads.append(t)
             t.start()
-        else:
-            self._line.append(pq)
+
+    def _hire_for_line(self, to_ring: list[_Worker]) -> None:
+        """(lock held) Workers for the queues in line, up to `target` busy."""
+        line = self._line
+        while line and self._active - self._stuck < self._target and self._can_hire():
+            self._hire(line.popleft(), to_ring)
+
+    def _handlers_wait(self) -> None:
+        """(lock held) The handlers were seen to wait: up to `threads` workers may be busy."""
+        self._target = self._max_threads
+        self._last_wait = time.monotonic()
+
+    def _to_ring_this_turn(self) -> list[_Worker]:
+        """(loop thread, lock held) The list of workers _ring rings at the end of this turn."""
+        if not self._to_ring:
+            self._loop.call_soon(self._ring)
+        return self._to_ring
+
+    def _rescue(self) -> None:
+        """(loop thread, `rescue_s` after a queue went in line) Queues still in line and no
+        batch finished since: the busy workers are held up in their handlers, so the handlers
+        wait (see the module docstring) and more workers take the line. Watches again while
+        queues are in line and a worker could take them."""
+        with self._lock:
+            mark, self._rescue_mark = self._rescue_mark, None
+            if not self._line or self._closed or self._halted:
+                return
+            if self._finished_count == mark:
+                self._handlers_wait()
+                self._hire_for_line(self._to_ring_this_turn())
+            if self._line and self._can_hire():
+                self._rescue_mark = self._finished_count
+                self._loop.call_later(self._rescue_s, self._rescue)
 
     def _ring(self) -> None:
         """(loop thread, at the end of the turn that gave them a queue) Wake the workers given one."""
@@ -175,6 +262,12 @@ class HandlerPool:
             run.results = [r is True for r in run.results]
             self._on_done(run)
         return len(expired)
+
+    @property
+    def busy_limit(self) -> int:
+        """Workers that may be busy before a queue waits in line for one of them: 1, or `threads`
+        while the handlers are seen to wait (module docstring)."""
+        return self._target
 
     @property
     def idle_workers(self) -> int:
@@ -250,6 +343,9 @@ class HandlerPool:
                 if self._line:  # queues wait for a thread (after closing too: drain them out)
                     pq = self._line.popleft()
                     continue
+                self._active -= 1
+                if self._target > 1 and time.monotonic() - self._last_wait >= self._calm_s:
+                    self._target = 1  # the handlers have not waited for a while
                 if self._closed:
                     return
                 me.job = None
@@ -277,15 +373,31 @@ class HandlerPool:
                 run = BatchRun(pq, pq.waiting.popleft())
                 self._running.add(run)
             turns += 1
+            cpu = time.process_time()
             self._run_chunk(run.msgs, run.results, False, None, run)
             results = run.results
             handled = results.count(True)
+            took = time.monotonic() - run.started
+            # the handler waited (module docstring): the process was mostly idle meanwhile
+            waited = took >= self._block_min_s and time.process_time() - cpu < took / 4
+            to_ring: list[_Worker] = []
             with self._lock:
-                if run.expired:  # expire() finished it and released the queue meanwhile
+                self._finished_count += 1
+                self._waits_in_row = self._waits_in_row + 1 if waited else 0
+                if self._waits_in_row >= 2:
+                    self._handlers_wait()
+                    if not self._closed and not self._halted:
+                        self._hire_for_line(to_ring)
+                expired = run.expired
+                if expired:  # expire() finished it and released the queue meanwhile
                     self._stuck -= 1
-                    return False
-                self._running.discard(run)
-                self._count_handled(handled)
+                else:
+                    self._running.discard(run)
+                    self._count_handled(handled)
+            for worker in to_ring:  # this thread rings them: no loop turn to wait for
+                worker.bell.release()
+            if expired:
+                return False
             self._finished.append(run)
             # after the append: a loop that starts watching pq from now on collects it itself
             if pq.watched or self._eager or handled != len(results):
