@@ -8,10 +8,13 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 from equeue_core.client import AdminClient, Consumer, Message, Producer
 from equeue_core.client.consumer import run_handler
 from equeue_core.client.handler_pool import BatchRun, HandlerPool
 from equeue_core.client.process_queue import ProcessQueue
+from equeue_core.errors import ConfigError
 from tests.helpers.waiting import wait_until, wait_until_async
 
 
@@ -504,3 +507,36 @@ def test_back_to_one_busy_worker_once_the_handlers_stop_waiting_for_calm_s():
     assert waited_limit == 4
     assert limits[0] == 4, limits  # not at once: only once calm_s (1 s) passed without a wait
     assert limits[-1] == 1, limits
+
+
+def test_min_busy_keeps_that_many_workers_busy_even_while_the_handler_only_computes():
+    """`Consumer(threads_min=n)` (the pool's `min_busy`): n queues' batches run at once from the
+    start, with no sign of a waiting handler needed (the thresholds set out of reach here). Four
+    queues meet at a barrier of four: only four handler calls at once get past it."""
+    async def main():
+        barrier = threading.Barrier(4, timeout=10)
+        passed: list[str] = []
+
+        def handler(m):
+            barrier.wait()
+            passed.append(m.topic)
+
+        done: list[BatchRun] = []
+        pool = HandlerPool(4, 1, _run_chunk_with(handler), done.append, asyncio.get_running_loop(), "test-pool",
+                           min_busy=4, block_min_s=60, rescue_s=60)
+        for t in "abcd":
+            pool.submit(ProcessQueue(t, 0, 0), _msgs(t, 0, 1))
+        assert await pool.wait_idle(30)
+        limit = pool.busy_limit
+        pool.shutdown(wait=True)
+        return sorted(passed), limit
+
+    passed, limit = asyncio.run(main())
+    assert passed == ["a", "b", "c", "d"]
+    assert limit == 4
+
+
+@pytest.mark.parametrize("threads_min", [0, 9, 1.5, True])
+def test_threads_min_out_of_range_is_a_config_error(threads_min):
+    with pytest.raises(ConfigError, match="threads_min"):
+        Consumer("g", "127.0.0.1:1", threads=8, threads_min=threads_min)

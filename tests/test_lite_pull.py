@@ -260,7 +260,8 @@ def test_broker_down_is_a_transport_error():
             c.assign("anything")
 
 
-@pytest.mark.parametrize("option", [{"nameserver": "127.0.0.1:9876"}, {"mode": "broadcasting"}, {"orderly": True}])
+@pytest.mark.parametrize("option", [{"nameserver": "127.0.0.1:9876"}, {"mode": "broadcasting"}, {"orderly": True},
+                                    {"threads_min": 2}])
 def test_a_push_consumer_option_is_refused_by_name(option):
     with pytest.raises(ConfigError, match=f"does not take {next(iter(option))} .*use Consumer"):
         LitePullConsumer("g", "127.0.0.1:1", **option)

@@ -184,8 +184,9 @@ def test_stop_handling_mid_batch_leaves_it_to_the_group_and_close_commits_what_w
 
 
 @pytest.mark.parametrize("options", [{"orderly": True}, {"mode": "broadcasting"}, {"consume_timeout": 5},
-                                     {"parallel_per_queue": 2}, {"flow_max_messages": 10}, {"threads": 0}],
-                         ids=["orderly", "broadcasting", "consume_timeout", "parallel", "flow", "threads"])
+                                     {"parallel_per_queue": 2}, {"flow_max_messages": 10}, {"threads": 0},
+                                     {"threads_min": 2}],
+                         ids=["orderly", "broadcasting", "consume_timeout", "parallel", "flow", "threads", "threads_min"])
 def test_options_that_need_the_loop_threads_pulls_are_refused_by_name(broker, options):
     with pytest.raises(ConfigError) as e:
         Consumer("ph-refused", broker.address, pull_in_handler_threads=True, **options)

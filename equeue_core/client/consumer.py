@@ -165,8 +165,8 @@ class AsyncConsumer:
 
     def __init__(self, group: str, broker: str = "127.0.0.1:10911", *, mode: str = "clustering",
                  consume_from: str | int = "last", allocation: str = "averagely", orderly: bool = False,
-                 consume_batch_size: int = 1, threads: int = 8, pull_batch: int | None = None,
-                 max_reconsume_times: int = 16, consume_timeout: float = 900.0,
+                 consume_batch_size: int = 1, threads: int = 8, threads_min: int = 1,
+                 pull_batch: int | None = None, max_reconsume_times: int = 16, consume_timeout: float = 900.0,
                  heartbeat_interval: float = 10.0, rebalance_interval: float = 20.0,
                  commit_interval: float = 5.0, lock_interval: float = 20.0, suspend_seconds: float = 1.0,
                  offset_dir: str = ".equeue-offsets", client_id: str | None = None,
@@ -192,6 +192,10 @@ class AsyncConsumer:
         self.orderly = orderly
         self.consume_batch_size = max(1, consume_batch_size)
         self.threads = threads
+        # handler threads kept busy even while the handler only computes (client/handler_pool.py)
+        if not isinstance(threads_min, int) or isinstance(threads_min, bool) or not 1 <= threads_min <= max(1, threads):
+            raise ConfigError(f"threads_min must be an int from 1 to threads ({threads}), not {threads_min!r}")
+        self.threads_min = threads_min
         # None: adaptive per queue (client/pull_batch.py), grows on a backlog, shrinks when idle
         self.pull_batch = pull_batch
         self.max_reconsume_times = max_reconsume_times
@@ -266,7 +270,7 @@ class AsyncConsumer:
             if not self.orderly:
                 self._batches = HandlerPool(self.threads, self.parallel_per_queue, self._run_chunk,
                                             self._batch_done, asyncio.get_running_loop(), f"equeue-{self.group}-batch",
-                                            self._count_handled)
+                                            self._count_handled, min_busy=self.threads_min)
         self._conn = await BrokerConnection(self.broker, on_push=self._on_push, **self._credentials).connect()
         info = (await self._conn.request(Code.BROKER_INFO)).header
         self._id_prefix = _id_prefix(info["address"])

@@ -32,7 +32,8 @@ topics 1.46 -> 1.55 M (docs/benchmarks.md, "Workers that wake only while they ar
 fixed pull batch of 125 over 4 queues a batch cost the consumer ~52 us of CPU with `threads=8`
 (four workers awake) and ~24 us with `threads=1`.
 
-So the pool keeps at most `busy_limit` workers busy, one to begin with; a queue that needs a
+So the pool keeps at most `busy_limit` workers busy, `min_busy` to begin with (one by default, the
+consumer's `threads_min`: `threads_min=threads` keeps the pool as it was); a queue that needs a
 thread beyond that waits in line for a busy worker, which takes it once its current batch is
 done. The limit goes to `threads` as soon as the handlers are seen to wait rather than compute:
 - two batches in a row that each took `block_min_s` (1 ms) or more while the whole process used
@@ -41,11 +42,11 @@ done. The limit goes to `threads` as soon as the handlers are seen to wait rathe
   machine looks like that once;
 - or queues waited in line while no batch finished for `rescue_s` (10 ms): a handler call that
   does not return soon, whatever it does, never holds the others up longer than that.
-It comes back to one once no batch has shown either for `calm_s` (2 s). The CPU is the process's,
-not the worker's own: a worker that waits for the GIL while the loop thread reads an answer is not
-blocked (the process is busy then); one that waits on a socket leaves the process idle. The cost:
-two `time.process_time()` calls a batch (~1 us), and handlers that wait run one at a time until
-two batches (or `rescue_s`) show it, again after each calm spell.
+It comes back to `min_busy` once no batch has shown either for `calm_s` (2 s). The CPU is the
+process's, not the worker's own: a worker that waits for the GIL while the loop thread reads an
+answer is not blocked (the process is busy then); one that waits on a socket leaves the process
+idle. The cost: two `time.process_time()` calls a batch (~1 us), and handlers that wait run
+`min_busy` at a time until two batches (or `rescue_s`) show it, again after each calm spell.
 
 Guarantees:
 - A queue's batches run in the order they were submitted, at most `parallel_per_queue` at once
@@ -125,11 +126,14 @@ class HandlerPool:
     def __init__(self, threads: int, parallel_per_queue: int, run_chunk: RunChunk,
                  on_done: Callable[[BatchRun], None], loop: asyncio.AbstractEventLoop, name: str,
                  count_handled: Callable[[int], None] = lambda n: None, *,
-                 block_min_s: float = BLOCK_MIN_S, rescue_s: float = RESCUE_S, calm_s: float = CALM_S) -> None:
+                 min_busy: int = 1, block_min_s: float = BLOCK_MIN_S, rescue_s: float = RESCUE_S,
+                 calm_s: float = CALM_S) -> None:
         self._max_threads = max(1, threads)
         # Workers busy at most before a queue waits in line for one of them (module docstring):
-        # one, or `threads` while the handlers are seen to wait
-        self._target = 1
+        # `min_busy` (the consumer's threads_min, 1 by default), or `threads` while the handlers
+        # are seen to wait
+        self._floor = max(1, min(min_busy, self._max_threads))
+        self._target = self._floor
         self._block_min_s = block_min_s
         self._rescue_s = rescue_s
         self._calm_s = calm_s
@@ -265,8 +269,8 @@ class HandlerPool:
 
     @property
     def busy_limit(self) -> int:
-        """Workers that may be busy before a queue waits in line for one of them: 1, or `threads`
-        while the handlers are seen to wait (module docstring)."""
+        """Workers that may be busy before a queue waits in line for one of them: `min_busy` (1 by
+        default), or `threads` while the handlers are seen to wait (module docstring)."""
         return self._target
 
     @property
@@ -344,8 +348,8 @@ class HandlerPool:
                     pq = self._line.popleft()
                     continue
                 self._active -= 1
-                if self._target > 1 and time.monotonic() - self._last_wait >= self._calm_s:
-                    self._target = 1  # the handlers have not waited for a while
+                if self._target > self._floor and time.monotonic() - self._last_wait >= self._calm_s:
+                    self._target = self._floor  # the handlers have not waited for a while
                 if self._closed:
                     return
                 me.job = None

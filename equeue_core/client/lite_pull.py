@@ -147,7 +147,7 @@ class _Membership(AsyncConsumer):
 
 
 # Consumer options a LitePullConsumer refuses by name (instead of "unknown credential argument")
-PUSH_CONSUMER_ONLY = ("nameserver", "mode", "orderly", "consume_batch_size", "threads",
+PUSH_CONSUMER_ONLY = ("nameserver", "mode", "orderly", "consume_batch_size", "threads", "threads_min",
                       "max_reconsume_times", "consume_timeout", "commit_interval", "lock_interval",
                       "offset_dir", "flow_max_messages", "flow_max_bytes", "flow_max_span",
                       "parallel_per_queue")
