@@ -30,7 +30,9 @@ def _run_chunk_with(handler):
     return run_chunk
 
 
-async def _pool(handler, threads: int = 4, parallel: int = 1):
+async def _pool(handler, threads: int = 4, parallel: int = 1, **options):
+    """A pool on the running loop, and the list of its finished batches; `options`: the pool's
+    busy-limit thresholds (min_busy, block_min_s, rescue_s, calm_s)."""
     done: list[BatchRun] = []
 
     def on_done(run: BatchRun) -> None:  # as the consumer does: the window moves, waiters wake
@@ -38,7 +40,7 @@ async def _pool(handler, threads: int = 4, parallel: int = 1):
         run.pq.done_many([m for m, ok in zip(run.msgs, run.results, strict=True) if ok])
 
     pool = HandlerPool(threads, parallel, _run_chunk_with(handler), on_done,
-                       asyncio.get_running_loop(), "test-pool")
+                       asyncio.get_running_loop(), "test-pool", **options)
     return pool, done
 
 
@@ -399,9 +401,7 @@ def test_a_handler_that_only_computes_keeps_one_worker_busy_and_the_other_queues
                 seen[m.topic].append(m.queue_offset)
                 state["active"] -= 1
 
-        done: list[BatchRun] = []
-        pool = HandlerPool(4, 1, _run_chunk_with(handler), done.append, asyncio.get_running_loop(), "test-pool",
-                           block_min_s=60, rescue_s=60)
+        pool, done = await _pool(handler, block_min_s=60, rescue_s=60)
         queues = {t: ProcessQueue(t, 0, 0) for t in seen}
         await _submit_rounds(pool, queues, 20, 10)
         assert await pool.wait_idle(30)
@@ -432,9 +432,7 @@ def test_handlers_that_wait_get_every_thread_after_two_batches_that_waited():
             with lock:
                 state["active"] -= 1
 
-        done: list[BatchRun] = []
-        pool = HandlerPool(4, 1, _run_chunk_with(handler), done.append, asyncio.get_running_loop(), "test-pool",
-                           rescue_s=60)
+        pool, done = await _pool(handler, rescue_s=60)
         assert pool.busy_limit == 1
         queues = {t: ProcessQueue(t, 0, 0) for t in "abcdefgh"}
         await _submit_rounds(pool, queues, 2, 3)
@@ -461,9 +459,7 @@ def test_a_handler_call_that_does_not_return_soon_lets_another_worker_take_the_l
                 release.wait(20)
             handled.append(m.topic)
 
-        done: list[BatchRun] = []
-        pool = HandlerPool(4, 1, _run_chunk_with(handler), done.append, asyncio.get_running_loop(), "test-pool",
-                           block_min_s=60, rescue_s=0.02)
+        pool, done = await _pool(handler, block_min_s=60, rescue_s=0.02)
         pool.submit(ProcessQueue("stuck", 0, 0), _msgs("stuck", 0, 1))
         await asyncio.sleep(0.05)  # its worker is in the handler now
         pool.submit(ProcessQueue("other", 0, 0), _msgs("other", 0, 1))
@@ -484,9 +480,7 @@ def test_back_to_one_busy_worker_once_the_handlers_stop_waiting_for_calm_s():
     of waiting takes the pool back to one busy worker."""
     async def main():
         mode = {"sleep": 0.01}
-        done: list[BatchRun] = []
-        pool = HandlerPool(4, 1, _run_chunk_with(lambda m: time.sleep(mode["sleep"])), done.append,
-                           asyncio.get_running_loop(), "test-pool", rescue_s=60, calm_s=1.0)
+        pool, done = await _pool(lambda m: time.sleep(mode["sleep"]), rescue_s=60, calm_s=1.0)
         queues = {t: ProcessQueue(t, 0, 0) for t in "abcd"}
         await _submit_rounds(pool, queues, 2, 2)
         assert await pool.wait_idle(30)
@@ -521,9 +515,7 @@ def test_min_busy_keeps_that_many_workers_busy_even_while_the_handler_only_compu
             barrier.wait()
             passed.append(m.topic)
 
-        done: list[BatchRun] = []
-        pool = HandlerPool(4, 1, _run_chunk_with(handler), done.append, asyncio.get_running_loop(), "test-pool",
-                           min_busy=4, block_min_s=60, rescue_s=60)
+        pool, done = await _pool(handler, min_busy=4, block_min_s=60, rescue_s=60)
         for t in "abcd":
             pool.submit(ProcessQueue(t, 0, 0), _msgs(t, 0, 1))
         assert await pool.wait_idle(30)

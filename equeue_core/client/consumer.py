@@ -64,11 +64,18 @@ def parse_expression(expression: str) -> tuple[frozenset[str] | None, list[int] 
     return tags, sorted(record.tag_hash(t) for t in tags)
 
 
+def checked_count(name: str, value: Any, most: int | None = None) -> int:
+    """A consumer option that counts something: a whole number >= 1 (and <= `most`), else
+    ConfigError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (most is not None and value > most):
+        upto = "" if most is None else f" and <= {most}"
+        raise ConfigError(f"{name} must be a whole number >= 1{upto}, not {value!r}")
+    return value
+
+
 def checked_backlog_queues(value: Any) -> int:
     """`max_backlog_queues` of a Consumer or LitePullConsumer: a whole number >= 1 (ConfigError)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"max_backlog_queues must be a whole number >= 1, not {value!r}")
-    return value
+    return checked_count("max_backlog_queues", value)
 
 
 def run_handler(handler: Callable[..., Any], batch_size: int, msgs: list[ReceivedMessage],
@@ -193,9 +200,7 @@ class AsyncConsumer:
         self.consume_batch_size = max(1, consume_batch_size)
         self.threads = threads
         # handler threads kept busy even while the handler only computes (client/handler_pool.py)
-        if not isinstance(threads_min, int) or isinstance(threads_min, bool) or not 1 <= threads_min <= max(1, threads):
-            raise ConfigError(f"threads_min must be an int from 1 to threads ({threads}), not {threads_min!r}")
-        self.threads_min = threads_min
+        self.threads_min = checked_count("threads_min", threads_min, max(1, threads))
         # None: adaptive per queue (client/pull_batch.py), grows on a backlog, shrinks when idle
         self.pull_batch = pull_batch
         self.max_reconsume_times = max_reconsume_times

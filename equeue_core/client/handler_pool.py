@@ -138,7 +138,6 @@ class HandlerPool:
         self._rescue_s = rescue_s
         self._calm_s = calm_s
         self._last_wait = 0.0  # time.monotonic() when the handlers were last seen to wait
-        self._active = 0  # workers with a queue (lock held), stuck ones included (see _stuck)
         self._finished_count = 0  # batches finished so far (lock held)
         self._waits_in_row = 0  # the last finished batches that showed a waiting handler (lock held)
         self._rescue_mark: int | None = None  # _finished_count when the rescue check was armed
@@ -178,13 +177,19 @@ class HandlerPool:
         for the next worker that finishes (and watch that line: _rescue)."""
         pq.running += 1
         self._slots += 1
-        if self._active - self._stuck < self._target and self._can_hire():
+        if self._busy_below_target() and self._can_hire():
             self._hire(pq, self._to_ring_this_turn())
             return
         self._line.append(pq)
         if self._rescue_mark is None and self._can_hire():
             self._rescue_mark = self._finished_count
             self._loop.call_later(self._rescue_s, self._rescue)
+
+    def _busy_below_target(self) -> bool:
+        """(lock held) Fewer than `target` workers are busy: a worker is busy from being given a
+        queue (taken off `_sleepers`, or started with one) until it sleeps again; a stuck one
+        (expired batch) no longer counts."""
+        return len(self._threads) - len(self._sleepers) - self._stuck < self._target
 
     def _can_hire(self) -> bool:
         """(lock held) A worker could take a queue now: one sleeps, or a thread may be started."""
@@ -193,7 +198,6 @@ class HandlerPool:
     def _hire(self, pq: ProcessQueue, to_ring: list[_Worker]) -> None:
         """(lock held, _can_hire) Put a worker on pq: the one that went idle last (added to
         `to_ring`, for the caller to ring), else a new thread."""
-        self._active += 1
         if self._sleepers:
             worker = self._sleepers.pop()
             worker.job = pq
@@ -207,7 +211,7 @@ class HandlerPool:
     def _hire_for_line(self, to_ring: list[_Worker]) -> None:
         """(lock held) Workers for the queues in line, up to `target` busy."""
         line = self._line
-        while line and self._active - self._stuck < self._target and self._can_hire():
+        while line and self._busy_below_target() and self._can_hire():
             self._hire(line.popleft(), to_ring)
 
     def _handlers_wait(self) -> None:
@@ -347,7 +351,6 @@ class HandlerPool:
                 if self._line:  # queues wait for a thread (after closing too: drain them out)
                     pq = self._line.popleft()
                     continue
-                self._active -= 1
                 if self._target > self._floor and time.monotonic() - self._last_wait >= self._calm_s:
                     self._target = self._floor  # the handlers have not waited for a while
                 if self._closed:
