@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.child import role_result  # noqa: E402
+from bench.gc_pauses import GcPauses  # noqa: E402
 from bench.peers.common import (  # noqa: E402
     SLOW_MS,
     episodes,
@@ -60,7 +61,6 @@ from bench.peers.common import (  # noqa: E402
     summary,
     thread_cpu_seconds,
 )
-from equeue_core.broker.metrics import observe_gc_pauses  # noqa: E402
 from equeue_core.client.loop import LOOP_THREAD_NAME  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
 
@@ -111,19 +111,6 @@ class LoopStalls:
     def stop(self) -> dict:
         self._task.cancel()
         return {"stalls_over_2ms": len(self.late_ms), "worst_ms": round(max(self.late_ms, default=0.0), 2)}
-
-
-class GcPauses:
-    """This process's garbage collections from now to stop(), and the longest (the broker's own
-    timing of them, equeue_core/broker/metrics.py `observe_gc_pauses`)."""
-
-    def __init__(self) -> None:
-        self.pauses: list[float] = []
-        self._stop = observe_gc_pauses(self.pauses.append)
-
-    def stop(self) -> dict:
-        self._stop()
-        return {"collections": len(self.pauses), "longest_ms": round(max(self.pauses, default=0.0) * 1e3, 2)}
 
 
 def slow_messages(seen: list[tuple[int, int, int, int]]) -> dict:

@@ -12,7 +12,9 @@ case's topics), `consume_start_s` (from Consumer.start until it holds every queu
 asked, pull loops begun) and `consume_steady_msgs_per_s` (the rate after that; null when the
 consumer was done before it held its last queue). `cpu_us_per_msg` is CPU time per message of the
 producer, consumer and broker (utime + stime from /proc): what to compare on a loaded machine,
-where the rates swing with the other processes. `broker_minor_faults_consume` counts the pages the
+where the rates swing with the other processes. `consumer_gc` and `consumer_lite_gc`: the consumer
+process's garbage collections during its drain (count, summed and longest pause in ms; a
+collection stops every thread of the process). `broker_minor_faults_consume` counts the pages the
 broker touched for the first time while the consumer drained the case (answers built into fresh
 memory). Then a LitePullConsumer (group of its own) drains the same messages again:
 `consume_lite_msgs_per_s`, its CPU and the broker's (`consumer_lite`, `broker_consume_lite`) and
@@ -52,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.answer_window import AnswerWindow  # noqa: E402
 from bench.child import role_result  # noqa: E402
+from bench.gc_pauses import GcPauses  # noqa: E402
 from bench.peers.common import summary  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
 from tests.helpers.counting import CountingHandler  # noqa: E402
@@ -128,6 +131,7 @@ def role_consume(address: str, topics: list[str], count: int, offset_dir: str, q
         c.subscribe(t)
     start = time.perf_counter()
     cpu = time.process_time()
+    pauses = GcPauses()
     c.start(handler)
     # the one-time cost: until the consumer holds every queue (start offsets asked, pulls begun)
     deadline = start + 600
@@ -139,9 +143,10 @@ def role_consume(address: str, topics: list[str], count: int, offset_dir: str, q
     elapsed = time.perf_counter() - start
     steady = time.perf_counter() - assigned
     cpu = time.process_time() - cpu
+    gc_pauses = pauses.stop()
     c.close()
     return {"count": handler.seen, "seconds": elapsed, "msgs_per_s": handler.seen / elapsed,
-            "start_seconds": assigned - start, "cpu_seconds": cpu,
+            "start_seconds": assigned - start, "cpu_seconds": cpu, "gc": gc_pauses,
             # None: every message was consumed before the consumer held its last queue
             "steady_msgs_per_s": (handler.seen - seen_assigned) / steady if seen_assigned < count else None}
 
@@ -157,13 +162,15 @@ def role_consume_lite(address: str, topics: list[str], count: int) -> dict:
     seen = 0
     start = time.perf_counter()
     cpu = time.process_time()
+    pauses = GcPauses()
     deadline = start + 600
     while seen < count and time.perf_counter() < deadline:
         seen += len(c.poll(1.0))
     elapsed = time.perf_counter() - start
     cpu = time.process_time() - cpu
+    gc_pauses = pauses.stop()
     c.close()
-    return {"count": seen, "seconds": elapsed, "msgs_per_s": seen / elapsed, "cpu_seconds": cpu,
+    return {"count": seen, "seconds": elapsed, "msgs_per_s": seen / elapsed, "cpu_seconds": cpu, "gc": gc_pauses,
             "backlog_queues_peak": c.stats["backlog_queues_peak"]}
 
 
@@ -214,6 +221,8 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int, pull
                                    "broker_consume_lite": round((cpu4 - cpu3) * us, 2)},
                 "broker_minor_faults_consume": faults3 - faults2,
                 "broker_minor_faults_consume_lite": faults4 - faults3,
+                # the consumer process's garbage collections during its drain (bench/gc_pauses.py)
+                "consumer_gc": cons["gc"], "consumer_lite_gc": lite["gc"],
                 "consumed": cons["count"], "consumed_lite": lite["count"],
                 "backlog_queues_peak_lite": lite["backlog_queues_peak"], "rss_mb_start": round(rss_start / 1024, 1),
                 "rss_mb_after": round(rss_consumed / 1024, 1),
