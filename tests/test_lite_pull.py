@@ -402,8 +402,9 @@ def test_a_bad_max_backlog_queues_is_a_config_error(bad):
 @pytest.mark.parametrize("mode", ["assign", "subscribe"])
 def test_a_queue_with_a_backlog_is_read_in_one_pull_and_its_start_asked_with_the_others(broker, monkeypatch, mode):
     """300 messages in one queue of 40: the first poll returns all 300 (the start point's end
-    says how many there are; growing from 32 took four pulls), and the 40 queues' start points
-    come from one QUERY_OFFSET, not one per queue."""
+    says how many there are; growing from 32 took four pulls; max_poll_records lets a poll
+    return them all), and the 40 queues' start points come from one QUERY_OFFSET, not one per
+    queue."""
     from equeue_core.client.connection import BrokerConnection
 
     topic = create_topic(broker, f"lite-expect-{mode}", 40)
@@ -418,7 +419,8 @@ def test_a_queue_with_a_backlog_is_read_in_one_pull_and_its_start_asked_with_the
         return await real(conn, code, header, *args, **kwargs)
 
     monkeypatch.setattr(BrokerConnection, "request", request)
-    with LitePullConsumer(f"lite-expect-{mode}-g", broker.address, consume_from="first") as c:
+    with LitePullConsumer(f"lite-expect-{mode}-g", broker.address, consume_from="first",
+                          max_poll_records=300) as c:
         getattr(c, mode)(topic)
         first = []
         deadline = time.monotonic() + 10
@@ -428,17 +430,20 @@ def test_a_queue_with_a_backlog_is_read_in_one_pull_and_its_start_asked_with_the
     assert len(queries) == 1 and len(queries[0]["queues"]) == 40
 
 
-def test_a_rebalance_while_catching_up_with_one_turn_loses_no_turn_and_no_message(broker):
+@pytest.mark.parametrize("pull_batch,max_poll_records", [(8, 256), (64, 16)])
+def test_a_rebalance_while_catching_up_with_one_turn_loses_no_turn_and_no_message(broker, pull_batch,
+                                                                                   max_poll_records):
     """A member catching up on 8 queues with one turn; a second member joins (the first gives up
-    half its queues, one of them maybe holding the turn or waiting for it) and leaves again (the
-    first takes them back). Every message arrives, and the first member's turns add up."""
-    topic = create_topic(broker, "lite-rebalance-turns", 8)
+    half its queues, one of them maybe holding the turn or waiting for it, or part of an answer
+    not returned yet) and leaves again (the first takes them back). Every message arrives, and
+    the first member's turns add up."""
+    topic = create_topic(broker, f"lite-rebalance-turns-{pull_batch}", 8)
     bodies = [f"r{i:04d}".encode() for i in range(1600)]
     _send(broker, topic, bodies)
-    a = LitePullConsumer("lite-rt-g", broker.address, consume_from="first", rebalance_interval=1.0,
-                         pull_batch=8, max_backlog_queues=1)
-    b = LitePullConsumer("lite-rt-g", broker.address, consume_from="first", rebalance_interval=1.0,
-                         pull_batch=8, max_backlog_queues=1)
+    options = {"consume_from": "first", "rebalance_interval": 1.0, "pull_batch": pull_batch,
+               "max_backlog_queues": 1, "max_poll_records": max_poll_records}
+    a = LitePullConsumer(f"lite-rt-g{pull_batch}", broker.address, **options)
+    b = LitePullConsumer(f"lite-rt-g{pull_batch}", broker.address, **options)
     seen: set[bytes] = set()
     try:
         a.subscribe(topic)
@@ -465,3 +470,87 @@ def test_a_rebalance_while_catching_up_with_one_turn_loses_no_turn_and_no_messag
     finally:
         a.close()
         b.close()
+
+
+def _one_queue_of(broker: BrokerProcess, name: str, count: int, tag_of=lambda i: None) -> tuple[str, list[bytes]]:
+    """A topic of one queue holding `count` messages (sent in one batch), and their bodies."""
+    topic = create_topic(broker, name, 1)
+    bodies = [f"{name}-{i:04d}".encode() for i in range(count)]
+    with Producer(broker.address) as p:
+        p.send_batch([Message(topic, b, tag=tag_of(i)) for i, b in enumerate(bodies)])
+    return topic, bodies
+
+
+def test_a_poll_returns_at_most_max_poll_records_and_the_rest_of_the_answer_comes_next(broker):
+    """600 messages come in one pull (the backlog is known at the start), yet each poll returns
+    at most 256, in order, and the three polls take no second pull of the queue's backlog."""
+    topic, bodies = _one_queue_of(broker, "lite-maxpoll", 600)
+    with LitePullConsumer("lite-maxpoll-g", broker.address, consume_from="first") as c:
+        assert c.max_poll_records == 256
+        c.assign(topic)
+        polls = []
+        deadline = time.monotonic() + 10
+        while sum(map(len, polls)) < 600 and time.monotonic() < deadline:
+            got = c.poll(1.0)
+            if got:
+                polls.append(got)
+        assert [len(p) for p in polls] == [256, 256, 88]
+        assert c.stats["pulls"] <= 2  # the backlog's one pull, then at most the held one
+    assert [m.body for p in polls for m in p] == bodies
+
+
+def test_commit_after_part_of_an_answer_commits_only_what_poll_returned(broker):
+    """At least once with an answer split over polls: commit() after the first poll records the
+    offset of the first message not returned, and the next consumer starts there."""
+    topic, bodies = _one_queue_of(broker, "lite-maxpoll-commit", 300)
+    c = LitePullConsumer("lite-maxpoll-commit-g", broker.address, consume_from="first", max_poll_records=100)
+    c.assign(topic)
+    first = _poll_until(c, 1)
+    assert [m.body for m in first] == bodies[:100]
+    c.commit()
+    assert _committed(broker, "lite-maxpoll-commit-g", topic, 0) == 100
+    c.close()
+    with LitePullConsumer("lite-maxpoll-commit-g", broker.address, consume_from="first") as again:
+        again.assign(topic)
+        rest = _poll_until(again, 200)
+    assert [m.body for m in rest] == bodies[100:]
+
+
+def test_seek_and_pause_drop_the_rest_of_an_answer_and_lose_nothing(broker):
+    """A seek moves the queue even while part of an answer waits to be returned; a pause forgets
+    that part and the queue is read again from its first message not returned after resume()."""
+    topic, bodies = _one_queue_of(broker, "lite-maxpoll-seek", 300)
+    with LitePullConsumer("lite-maxpoll-seek-g", broker.address, consume_from="first", max_poll_records=100) as c:
+        c.assign(topic)
+        assert [m.body for m in _poll_until(c, 1)] == bodies[:100]
+        c.seek(topic, 0, 30)
+        assert [m.body for m in _poll_until(c, 1)] == bodies[30:130]
+        c.pause(topic, 0)
+        assert c.poll(0.3) == []
+        c.resume(topic, 0)
+        after = _poll_until(c, 170)
+    assert [m.body for m in after] == bodies[130:]
+
+
+def test_a_tag_filter_over_an_answer_split_across_polls(broker):
+    """Every other message tagged "a": the polls return only those, in order, none above
+    max_poll_records, and commit() after the last moves the offset past the whole answer."""
+    topic, bodies = _one_queue_of(broker, "lite-maxpoll-tags", 600, tag_of=lambda i: "a" if i % 2 == 0 else "b")
+    with LitePullConsumer("lite-maxpoll-tags-g", broker.address, consume_from="first", max_poll_records=64) as c:
+        c.assign(topic, expression="a")
+        polls = []
+        deadline = time.monotonic() + 10
+        while sum(map(len, polls)) < 300 and time.monotonic() < deadline:
+            got = c.poll(1.0)
+            if got:
+                polls.append(got)
+        c.commit()
+        assert _committed(broker, "lite-maxpoll-tags-g", topic, 0) == 600
+    assert max(map(len, polls)) <= 64 and len(polls) >= 5
+    assert [m.body for p in polls for m in p] == bodies[::2]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "256"])
+def test_a_bad_max_poll_records_is_a_config_error(bad):
+    with pytest.raises(ConfigError, match="max_poll_records must be a whole number >= 1"):
+        LitePullConsumer("g", "127.0.0.1:1", max_poll_records=bad)

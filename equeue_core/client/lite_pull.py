@@ -7,14 +7,15 @@ transport (contracts.PipelinedBlockingConnection; tcp and tls): every assigned q
 pull in flight on that socket (the broker answers it as soon as its queue gets data, or with
 nothing when `hold_ms` ends), except that at most `max_backlog_queues` queues with a backlog have
 one at a time, the others waiting their turn; `poll` waits in `recv` (which releases the GIL) for whichever answer
-comes first and returns the decoded messages; that queue's next pull goes out at once when the
+comes first and returns the decoded messages (at most `max_poll_records` of them: the rest of a
+larger answer comes with the next polls); that queue's next pull goes out at once when the
 broker has more behind the answer, else when the caller comes back to poll. No handler
 runs anywhere: the caller handles what poll returned in its own thread.
 
 Guarantees:
 - Per-queue order: one pull per queue in flight, so a queue's messages come back in offset order
   (across queues there is no order). `seek` moves a queue; the answer of the pull it replaced is
-  dropped unread.
+  dropped unread, and so is what poll had not returned yet of an earlier answer.
 - At least once: the offset committed for a queue never passes a message poll has not returned,
   and a message counts as consumed only once the caller calls poll again (it came back for more)
   or calls commit(). Auto-commit (every `auto_commit_interval` seconds, at the start of a poll,
@@ -44,7 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from equeue_core.client.connection import BrokerConnection, raise_for_error, signed_header
-from equeue_core.client.consumer import AsyncConsumer, checked_backlog_queues, parse_expression
+from equeue_core.client.consumer import AsyncConsumer, checked_backlog_queues, checked_count, parse_expression
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
@@ -92,6 +93,23 @@ class _Queue:
         self.turn = False  # its pull in flight holds one of max_backlog_queues turns
         self.waiting = False  # in _waiting: behind, for a turn before its next pull
         self.paused = False  # pause(): no pull is sent until resume()
+
+
+class _Rest:
+    """The part of one pull answer that poll() has not returned yet (max_poll_records): its
+    records stay bytes until a poll decodes them."""
+
+    __slots__ = ("queue", "batch", "index", "end_offset")
+
+    def __init__(self, queue: _Queue, batch: PulledBatch, end_offset: int) -> None:
+        self.queue = queue
+        self.batch = batch
+        self.index = 0  # the first record not returned
+        self.end_offset = end_offset  # the answer's next_offset: past its last record
+
+    def first_offset(self) -> int:
+        """The queue offset of the first record not returned."""
+        return self.batch.offset_at(self.index) if self.index < len(self.batch) else self.end_offset
 
 
 class _Membership(AsyncConsumer):
@@ -152,6 +170,12 @@ PUSH_CONSUMER_ONLY = ("nameserver", "mode", "orderly", "consume_batch_size", "th
                       "offset_dir", "flow_max_messages", "flow_max_bytes", "flow_max_span",
                       "parallel_per_queue")
 DEFAULT_BACKLOG_QUEUES = 16
+# At most this many messages a poll() returns (Kafka's max.poll.records): the rest of a larger
+# answer stays bytes until the polls after it. Each message is two objects the cyclic GC counts
+# (the message and its properties dict), and 700 of them alive at once start a young collection:
+# a whole answer of 1024 decoded at once cost a caller who drops each poll's list ~40 % of its
+# drain in collections (docs/benchmarks.md, "Queue count, sixth pass").
+DEFAULT_MAX_POLL_RECORDS = 256
 
 
 async def _no_handler(*_: object) -> None:  # the membership never pulls, so never calls it
@@ -167,7 +191,8 @@ class LitePullConsumer:
                  auto_commit: bool = True, auto_commit_interval: float = 5.0,
                  heartbeat_interval: float = 10.0, rebalance_interval: float = 20.0,
                  client_id: str | None = None, request_timeout: float = REQUEST_TIMEOUT,
-                 max_backlog_queues: int = DEFAULT_BACKLOG_QUEUES, **credentials: str | None) -> None:
+                 max_backlog_queues: int = DEFAULT_BACKLOG_QUEUES,
+                 max_poll_records: int = DEFAULT_MAX_POLL_RECORDS, **credentials: str | None) -> None:
         """`pull_batch`: messages per pull of a queue (None: adaptive 32..1024, grows on a
         backlog); `hold_ms`: how long the broker holds a pull that found nothing;
         `request_timeout`: seconds a request may go unanswered, and a held pull beyond its
@@ -175,7 +200,9 @@ class LitePullConsumer:
         again); `max_backlog_queues`: at most this many queues with a backlog have a pull in
         flight at once, the others waiting their turn in order (queues caught up always keep
         theirs, held at the broker), so catching up on 1000 queues has the broker build that many
-        answers at a time, not its whole per-connection budget (docs/client.md); credentials as
+        answers at a time, not its whole per-connection budget (docs/client.md);
+        `max_poll_records`: at most this many messages a poll returns (a larger answer's rest
+        comes with the next polls, before anything else of its queue); credentials as
         for Consumer (access_key, secret_key, tls_*). ConfigError for a transport without
         blocking connections."""
         unsupported = sorted(set(credentials) & set(PUSH_CONSUMER_ONLY))
@@ -186,6 +213,7 @@ class LitePullConsumer:
                               "broadcasting, orderly handling or retry topics")
         self.group = group
         self.max_backlog_queues = checked_backlog_queues(max_backlog_queues)
+        self.max_poll_records = checked_count("max_poll_records", max_poll_records)
         self.pull_batch = pull_batch
         self.hold_ms = max(1, int(hold_ms))
         self.auto_commit = auto_commit
@@ -223,6 +251,7 @@ class LitePullConsumer:
         self._advanced: list[_Queue] = []
         self._idle: list[_Queue] = []
         self._waiting: deque[_Queue] = deque()  # queues with a backlog waiting for a turn, in order
+        self._rest: _Rest | None = None  # the part of an answer poll has not returned yet
         self.stats = {"backlog_queues_peak": 0, "pulls": 0}
         self._id_prefix: str | None = None
         self._next_commit = time.monotonic() + auto_commit_interval
@@ -311,6 +340,7 @@ class LitePullConsumer:
         """Stop pulling a queue: its pull's answer is dropped, its consumed offset committed."""
         queue = self._queues.pop(key)
         self._drop_pull(queue)
+        self._drop_rest(queue)
         if queue.consumed != queue.committed:
             self._send_commit([queue], wait=False)
 
@@ -350,6 +380,7 @@ class LitePullConsumer:
         if queue is None:
             raise ConfigError(f"queue {topic}/{queue_id} is not assigned to this consumer")
         self._drop_pull(queue)
+        self._drop_rest(queue)
         queue.next_offset = queue.returned = queue.consumed = offset
         queue.behind = False  # not known at the new offset: its first pull says
         self._idle.append(queue)
@@ -362,6 +393,10 @@ class LitePullConsumer:
         if queue is None:
             raise ConfigError(f"queue {topic}/{queue_id} is not assigned to this consumer")
         self._drop_pull(queue)
+        rest = self._drop_rest(queue)
+        if rest is not None:  # pulled again from its first message not returned, after resume()
+            queue.next_offset = rest.first_offset()
+            queue.behind = True
         queue.paused = True
 
     def resume(self, topic: str, queue_id: int) -> None:
@@ -413,6 +448,10 @@ class LitePullConsumer:
         if self._id_prefix is None:
             self._id_prefix = self._members.id_prefix or _id_prefix(self._call(Code.BROKER_INFO, {}))
         self._pull_idle()
+        if self._rest is not None:
+            msgs = self._rest_next()
+            if msgs:
+                return msgs
         while True:
             while self._ready:
                 key, frame = self._ready.popleft()
@@ -529,20 +568,61 @@ class LitePullConsumer:
         if not queue.behind:
             self._end_turn(queue)
         msgs: list[ReceivedMessage] | PulledBatch = []
-        if h.get("count"):
-            if raw and queue.tags is None and h["count"] > DECODE_CHUNK:  # stays bytes (_poll_batch)
+        queue.returned = queue.next_offset
+        count = h.get("count")
+        if count:
+            if raw and queue.tags is None and count > DECODE_CHUNK:  # stays bytes (_poll_batch)
                 msgs = PulledBatch(frame.body, self._id_prefix or "")
+            elif not raw and count > self.max_poll_records:  # the first part now, the rest later
+                self._rest = _Rest(queue, PulledBatch(frame.body, self._id_prefix or ""), queue.next_offset)
+                msgs = self._rest_next()
             else:
                 msgs = decode_batch(frame.body, self._id_prefix or "")
                 if queue.tags is not None:
                     msgs = [m for m in msgs if m.tag in queue.tags]
-        queue.returned = queue.next_offset
         self._advanced.append(queue)
         if not msgs or queue.behind:
             self._pull(queue)
         else:
             self._idle.append(queue)
         return msgs
+
+    def _rest_next(self) -> list[ReceivedMessage]:
+        """The next max_poll_records messages of the answer in `_rest` (fewer where the tag filter
+        drops some; [] once it is all returned). The queue's `returned` moves to the first message
+        not returned (the answer's end after its last part), so consumed and committed offsets
+        never pass a message the caller has not had."""
+        rest = self._rest
+        assert rest is not None
+        queue, batch = rest.queue, rest.batch
+        n = len(batch)
+        tags = queue.tags
+        msgs: list[ReceivedMessage] = []
+        while not msgs and rest.index < n:
+            i = rest.index
+            j = rest.index = min(n, i + self.max_poll_records)
+            msgs = batch.decode(i, j)
+            if tags is not None:
+                msgs = [m for m in msgs if m.tag in tags]
+        if rest.index < n:
+            queue.returned = batch.offset_at(rest.index)
+        else:
+            queue.returned = rest.end_offset
+            self._rest = None
+        self._advanced.append(queue)
+        if msgs:
+            self.last_queue = (queue.topic, queue.queue_id)
+        return msgs
+
+    def _drop_rest(self, queue: _Queue) -> _Rest | None:
+        """Forget the rest of `queue`'s answer not returned yet (seek, pause, the queue gone);
+        returns it, if there was one."""
+        rest = self._rest
+        if rest is None or rest.queue is not queue:
+            return None
+        self._rest = None
+        queue.returned = rest.first_offset()
+        return rest
 
     def _end_turn(self, queue: _Queue, pull_now: bool = True) -> None:
         """The queue's pull is answered or dropped: its turn goes to the queue waiting longest,
