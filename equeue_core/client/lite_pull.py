@@ -50,7 +50,7 @@ from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
 from equeue_core.client.pull_batch import PULL_BATCH_CEILING, PULL_BATCH_FLOOR, AdaptivePullBatch
-from equeue_core.client.pulled_batch import DECODE_CHUNK, PulledBatch
+from equeue_core.client.pulled_batch import DECODE_AT_MOST, DECODE_CHUNK, PulledBatch
 from equeue_core.codes import Code, PullStatus
 from equeue_core.contracts import PipelinedBlockingConnection
 from equeue_core.errors import (
@@ -171,11 +171,9 @@ PUSH_CONSUMER_ONLY = ("nameserver", "mode", "orderly", "consume_batch_size", "th
                       "parallel_per_queue")
 DEFAULT_BACKLOG_QUEUES = 16
 # At most this many messages a poll() returns (Kafka's max.poll.records): the rest of a larger
-# answer stays bytes until the polls after it. Each message is two objects the cyclic GC counts
-# (the message and its properties dict), and 700 of them alive at once start a young collection:
-# a whole answer of 1024 decoded at once cost a caller who drops each poll's list ~40 % of its
-# drain in collections (docs/benchmarks.md, "Queue count, sixth pass").
-DEFAULT_MAX_POLL_RECORDS = 256
+# answer stays bytes until the polls after it. A whole answer of 1024 decoded at once cost a
+# caller who drops each poll's list ~40 % of its drain in collections (DECODE_AT_MOST).
+DEFAULT_MAX_POLL_RECORDS = DECODE_AT_MOST
 
 
 async def _no_handler(*_: object) -> None:  # the membership never pulls, so never calls it

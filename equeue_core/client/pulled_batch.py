@@ -27,6 +27,12 @@ from equeue_core import record
 from equeue_core.client.message import ReceivedMessage, decode_batch
 
 DECODE_CHUNK = 64  # records decoded at a time by a worker (well under the collector's 700)
+# The most records a reader that keeps them while it works through them decodes at once (a
+# LitePullConsumer's poll, an orderly consumer's pending run): each message is two objects the
+# collector counts (the message and its properties dict), and 700 more of those than were freed
+# start a young collection, which promotes every message still alive (docs/benchmarks.md,
+# "Queue count, sixth pass")
+DECODE_AT_MOST = 256
 _QUEUE_OFFSET = struct.Struct("<Q")
 _QUEUE_OFFSET_AT = 20  # the queue offset's place in a record header (docs/format.md)
 
