@@ -117,6 +117,20 @@ def run_handler(handler: Callable[..., Any], batch_size: int, msgs: list[Receive
     return True
 
 
+class _Spread:
+    """The results of a tag-filtered chunk's kept messages (run_handler writes result i), each
+    written to its record's place in the whole batch's results."""
+
+    __slots__ = ("results", "places")
+
+    def __init__(self, results: list[bool | None], places: list[int]) -> None:
+        self.results = results
+        self.places = places
+
+    def __setitem__(self, i: int, ok: bool) -> None:
+        self.results[self.places[i]] = ok
+
+
 class _BacklogSlot:
     """One of a consumer's `max_backlog_queues` slots, held by a queue's pull loop from its first
     pull of a known backlog (`ProcessQueue.behind`: the start point or the last answer said more
@@ -591,10 +605,11 @@ class AsyncConsumer:
                             pq.next_offset, pq.topic, pq.queue_id, h["next_offset"])
                 pq.next_offset = h["next_offset"]
                 continue
-            if h["count"] and tags is None and self._batches is not None:
+            if h["count"] and self._batches is not None:
                 # a blocking handler's usual path: the answer stays bytes until a worker decodes
-                # it (client/pulled_batch.py); no objects per message wait in flight
-                pulled = PulledBatch(resp.body, self._id_prefix)
+                # it (client/pulled_batch.py); no objects per message wait in flight. A tag
+                # filter is applied as each chunk is decoded (_run_chunk)
+                pulled = PulledBatch(resp.body, self._id_prefix, tags)
                 pq.next_offset = h["next_offset"]
                 if len(pulled):
                     pq.add_batch(pulled)
@@ -707,7 +722,21 @@ class AsyncConsumer:
         pool's flag) may be raised: the rest stays unrun (None). A PulledBatch is decoded a chunk
         at a time, just before its messages are handed out."""
         if type(msgs) is PulledBatch:
+            tags = msgs.tags
             for lo, chunk in decoded_chunks(msgs, self.consume_batch_size):
+                if tags is not None:
+                    kept = [i for i, m in enumerate(chunk) if m.tag in tags]
+                    if len(kept) < len(chunk):  # the others are finished without the handler
+                        for i, m in enumerate(chunk, lo):
+                            if m.tag not in tags:
+                                results[i] = True
+                        if halt is not None:
+                            halt.skipped += len(chunk) - len(kept)
+                        ok = self._run_messages([chunk[i] for i in kept], _Spread(results, [lo + i for i in kept]),
+                                                0, stop_on_failure, keep_going, halt)
+                        if not ok:
+                            return
+                        continue
                 if not self._run_messages(chunk, results, lo, stop_on_failure, keep_going, halt):
                     return
             return

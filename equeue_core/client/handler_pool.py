@@ -96,9 +96,11 @@ RunChunk = Callable[[Batch, list[Any], bool, Callable[[], bool] | None, "BatchRu
 
 class BatchRun:
     """One batch on a worker: results[i] is True (handled), False (failed) or None (not run).
-    `halted`: hand out no further message of it (set under the pool's lock by halt() or expire())."""
+    `halted`: hand out no further message of it (set under the pool's lock by halt() or expire()).
+    `skipped`: how many of the True ones never reached the handler (a tag filter left them out);
+    they are finished, but not counted as handled."""
 
-    __slots__ = ("pq", "msgs", "results", "started", "expired", "halted")
+    __slots__ = ("pq", "msgs", "results", "started", "expired", "halted", "skipped")
 
     def __init__(self, pq: ProcessQueue, msgs: Batch) -> None:
         self.pq = pq
@@ -107,6 +109,7 @@ class BatchRun:
         self.started = time.monotonic()
         self.expired = False
         self.halted = False
+        self.skipped = 0
 
 
 class _Worker:
@@ -258,7 +261,7 @@ class HandlerPool:
                 if now - run.started >= timeout:
                     run.expired = run.halted = True
                     self._stuck += 1
-                    self._count_handled(run.results.count(True))
+                    self._count_handled(run.results.count(True) - run.skipped)
                     self._running.discard(run)
                     expired.append(run)
                     pq = run.pq  # its worker is stuck: the queue goes on on another thread
@@ -400,7 +403,7 @@ class HandlerPool:
                     self._stuck -= 1
                 else:
                     self._running.discard(run)
-                    self._count_handled(handled)
+                    self._count_handled(handled - run.skipped)
             for worker in to_ring:  # this thread rings them: no loop turn to wait for
                 worker.bell.release()
             if expired:

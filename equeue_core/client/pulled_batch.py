@@ -40,10 +40,14 @@ _QUEUE_OFFSET_AT = 20  # the queue offset's place in a record header (docs/forma
 class PulledBatch:
     """The records of one pull answer (see the module docstring)."""
 
-    __slots__ = ("buf", "starts", "id_prefix", "nbytes", "cursor", "open")
+    __slots__ = ("buf", "starts", "id_prefix", "nbytes", "cursor", "open", "tags")
 
-    def __init__(self, body: bytes | bytearray | memoryview, id_prefix: str) -> None:
+    def __init__(self, body: bytes | bytearray | memoryview, id_prefix: str,
+                 tags: frozenset[str] | None = None) -> None:
         self.buf = memoryview(body)
+        # a consumer's tag filter for the records' topic (None: every record is the handler's);
+        # the broker filters by tag hash, so a record may still be of another tag
+        self.tags = tags
         self.starts = record.scan(self.buf)  # CorruptRecordError for a malformed answer
         self.id_prefix = id_prefix
         self.nbytes = len(self.buf)  # what the batch holds in memory until every record is finished
