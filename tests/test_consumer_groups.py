@@ -3,6 +3,7 @@ delayed messages, admin. Consumers run in threads of this process or in subproce
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
 import subprocess
@@ -242,6 +243,48 @@ def test_a_tag_filter_over_an_answer_handed_out_in_chunks_skips_the_others_and_r
     assert all(t == 1 for n, t in tries.items() if n not in failing), "a handled message came again"
     if not model:  # the default model counts what its handler handled, not what the filter skipped
         assert handled == 150
+
+
+def test_an_async_handler_gets_an_answer_a_chunk_at_a_time_and_its_failures_come_back(fast_broker):
+    """A coroutine handler: the answer of 300 waits as bytes (at most a chunk of it exists as
+    message objects while the handler is in it; decoded whole, every message was alive until
+    handled: ~500 collections in a 200k drain), failures in different chunks come back once as
+    retries, and the whole answer is committed."""
+    import gc
+
+    from equeue_core.client.message import ReceivedMessage
+    from equeue_core.client.pulled_batch import DECODE_CHUNK
+
+    _create(fast_broker.address, "asyncchunks", 1)
+    with Producer(fast_broker.address) as p:
+        p.send_batch([Message("asyncchunks", b"%d" % i) for i in range(300)])
+    failing = {7, 70, 150, 299}
+    tries: dict[int, int] = {}
+    live: list[int] = []
+
+    async def handler(m):
+        n = int(m.body)
+        tries[n] = tries.get(n, 0) + 1
+        if n == 100:
+            live.append(sum(1 for o in gc.get_objects() if type(o) is ReceivedMessage and o.topic == "asyncchunks"))
+        await asyncio.sleep(0)
+        if n in failing and m.reconsume_times == 0:
+            raise ValueError("fails once")
+
+    c = Consumer("gasyncchunks", fast_broker.address, consume_from="first", **FAST).subscribe("asyncchunks")
+    c.start(handler)
+    try:
+        assert wait_until(lambda: len(tries) == 300 and all(tries.get(n) == 2 for n in failing), 30), \
+            {n: tries.get(n) for n in failing}
+        with AdminClient(fast_broker.address) as admin:
+            def committed():
+                rows = admin.groups("gasyncchunks").get("gasyncchunks", {}).get("queues", [])
+                return {r["queue_id"]: r["committed"] for r in rows if r["topic"] == "asyncchunks"}
+            assert wait_until(lambda: committed() == {0: 300}, 20), committed()
+    finally:
+        c.close()
+    assert all(t == 1 for n, t in tries.items() if n not in failing), "a handled message came again"
+    assert live and live[0] <= DECODE_CHUNK, f"{live} decoded messages alive inside the answer"
 
 
 def test_a_handler_past_consume_timeout_counts_as_failed(fast_broker):

@@ -622,6 +622,14 @@ class AsyncConsumer:
                 if len(pulled):
                     pq.add_batch(pulled)
                     pq.wake()
+            elif h["count"] and tags is None and not self.orderly:
+                # an async handler: the same bytes in flight, decoded a chunk at a time as the
+                # loop hands them out (_run_chunk_async)
+                pulled = PulledBatch(resp.body, self._id_prefix)
+                pq.next_offset = h["next_offset"]
+                if len(pulled):
+                    pq.add_batch(pulled)
+                    self._dispatch(pq, pulled)
             elif h["count"]:
                 msgs = decode_batch(resp.body, self._id_prefix)
                 if tags is not None:
@@ -750,15 +758,28 @@ class AsyncConsumer:
         return run_handler(self._handler, self.consume_batch_size, msgs, results, base, stop_on_failure,
                            keep_going, halt)
 
-    async def _run_chunk_async(self, msgs: list[ReceivedMessage], results: list[bool | None],
+    async def _run_chunk_async(self, msgs: list[ReceivedMessage] | PulledBatch, results: list[bool | None],
                                stop_on_failure: bool = False,
                                keep_going: Callable[[], bool] | None = None) -> None:
+        """_run_chunk for an async handler, on the loop; a PulledBatch is decoded a chunk at a
+        time, as the workers do."""
+        if type(msgs) is PulledBatch:
+            for lo, chunk in decoded_chunks(msgs, self.consume_batch_size):
+                if not await self._run_messages_async(chunk, results, lo, stop_on_failure, keep_going):
+                    return
+            return
+        await self._run_messages_async(msgs, results, 0, stop_on_failure, keep_going)
+
+    async def _run_messages_async(self, msgs: list[ReceivedMessage], results: list[bool | None], base: int,
+                                  stop_on_failure: bool, keep_going: Callable[[], bool] | None) -> bool:
+        """_run_chunk_async over msgs, whose results start at results[base]; False if it stopped
+        early."""
         handler = self._handler
         assert handler is not None
         step = self.consume_batch_size
         for i in range(0, len(msgs), step):
             if keep_going is not None and not keep_going():
-                return
+                return False
             part = msgs[i:i + step]
             try:
                 await handler(part if step > 1 else part[0])
@@ -766,12 +787,13 @@ class AsyncConsumer:
             except Exception as e:
                 log.info("handler failed: %r", e)
                 ok = False
-            for j in range(i, i + len(part)):
+            for j in range(base + i, base + i + len(part)):
                 results[j] = ok
             if not ok and stop_on_failure:
-                return
+                return False
+        return True
 
-    async def _handle(self, msgs: list[ReceivedMessage], stop_on_failure: bool = False,
+    async def _handle(self, msgs: list[ReceivedMessage] | PulledBatch, stop_on_failure: bool = False,
                       keep_going: Callable[[], bool] | None = None) -> list[bool | None]:
         """Run the handler over msgs: True handled, False failed, None not run (after a failure,
         with stop_on_failure, or once keep_going() said stop). A message not finished within
@@ -796,7 +818,7 @@ class AsyncConsumer:
                 results = [r is True for r in results]
         return results
 
-    def _dispatch(self, pq: ProcessQueue, msgs: list[ReceivedMessage]) -> None:
+    def _dispatch(self, pq: ProcessQueue, msgs: list[ReceivedMessage] | PulledBatch) -> None:
         """Queue a pulled batch for handling. At most `parallel_per_queue` batches of one queue
         run at once (1 by default: a queue's messages reach the handler in offset order while
         different queues run in parallel on the worker pool). A blocking handler's batches go
@@ -876,10 +898,14 @@ class AsyncConsumer:
         if not pq.dropped and self._running:
             self._start_ready(pq)
 
-    async def _consume(self, pq: ProcessQueue, msgs: list[ReceivedMessage]) -> None:
+    async def _consume(self, pq: ProcessQueue, msgs: list[ReceivedMessage] | PulledBatch) -> None:
         if not self._handing_out:
             return  # stopping: never handed out, so they stay in flight (uncommitted)
         oks = await self._handle(msgs, keep_going=self._keep_handing_out)
+        if type(msgs) is PulledBatch:
+            self.stats["handled"] += oks.count(True)
+            self._pulled_done(pq, msgs, oks)
+            return
         # None: not handed out (stopping): neither done nor failed, it stays in flight
         failed = [m for m, ok in zip(msgs, oks, strict=True) if ok is False]
         handled = [m for m, ok in zip(msgs, oks, strict=True) if ok is True]
