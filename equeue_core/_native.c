@@ -1411,6 +1411,7 @@ static PyObject *batch_slot_result(BatchSlotObject *self, PyObject *const *args,
     }
     for (int i = 0; i < SR_FIELDS; i++)
         *(PyObject **)((char *)r + sr_offsets[i]) = v[i]; /* references moved */
+    PyObject_GC_UnTrack(r); /* frozen, strs and ints: in no cycle (n_send_results) */
     return r;
 slow:
     Py_XDECREF(ids);
@@ -1448,6 +1449,54 @@ static int plain_slot_offsets(PyTypeObject *cls, const char *const *names, int n
         offsets[i] = md->offset;
     }
     return 1;
+}
+
+/* send_results(id_prefix, positions, topic, queue_id, first_offset, broker) -> [SendResult]: the
+ * results of a SEND answer's messages (producer.py _BatchAnswer.results), their slots filled as
+ * BatchSlot.result fills them. Only after _bind_send_future said "slots" (RuntimeError before).
+ * Each is untracked by the cyclic GC: a SendResult is frozen and holds only strs and ints, so it
+ * is in no reference cycle, and a send_batch's 1000 results are then nothing a collection scans
+ * or promotes. */
+static PyObject *n_send_results(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "send_results(id_prefix, positions, topic, queue_id, first_offset, broker)");
+        return NULL;
+    }
+    if (sr_offsets[0] == 0 || send_result_cls == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "send_results: SendResult is not bound as plain slots");
+        return NULL;
+    }
+    long long first = PyLong_AsLongLong(args[4]);
+    if (first == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *ids = n_msg_ids(NULL, args, 2, NULL);
+    if (ids == NULL)
+        return NULL;
+    if (!PyList_CheckExact(ids)) {
+        Py_DECREF(ids);
+        PyErr_SetString(PyExc_TypeError, "send_results: msg_ids gave no list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(ids);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *offset = PyLong_FromLongLong(first + i);
+        PyObject *r = offset == NULL ? NULL : send_result_cls->tp_alloc(send_result_cls, 0);
+        if (r == NULL) {
+            Py_XDECREF(offset);
+            Py_CLEAR(out);
+            break;
+        }
+        PyObject *v[SR_FIELDS] = {Py_NewRef(PyList_GET_ITEM(ids, i)), Py_NewRef(args[2]), Py_NewRef(args[3]),
+                                  offset, Py_NewRef(args[5])};
+        for (int k = 0; k < SR_FIELDS; k++)
+            *(PyObject **)((char *)r + sr_offsets[k]) = v[k]; /* references moved */
+        PyObject_GC_UnTrack(r);
+        PyList_SET_ITEM(out, i, r);
+    }
+    Py_DECREF(ids);
+    return out;
 }
 
 static PyObject *n_bind_send_future(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -1580,6 +1629,8 @@ static PyMethodDef methods[] = {
     {"crc32c_implementation", n_crc32c_implementation, METH_NOARGS, "'sse4.2' or 'table'."},
     {"_bind", (PyCFunction)(void (*)(void))n_bind, METH_FASTCALL | METH_KEYWORDS,
      "record.py binds the Python versions (fallbacks) here."},
+    {"send_results", (PyCFunction)(void (*)(void))n_send_results, METH_FASTCALL,
+     "send_results(id_prefix, positions, topic, queue_id, first_offset, broker) -> [SendResult], untracked by the GC."},
     {"_bind_send_future", (PyCFunction)(void (*)(void))n_bind_send_future, METH_FASTCALL,
      "producer.py binds SendFuture's Python result() and SendResult here."},
     {"_bind_received", (PyCFunction)(void (*)(void))n_bind_received, METH_FASTCALL,

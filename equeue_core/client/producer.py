@@ -172,6 +172,9 @@ class _BatchAnswer:
         return SendResult(ids[i], self.topic, self.queue_id, self.first_offset + i, self.broker)
 
     def results(self) -> list[SendResult]:
+        if _native_send_results is not None:  # the same results, none of them tracked by the GC
+            return _native_send_results(self.id_prefix, self.positions, self.topic, self.queue_id,
+                                        self.first_offset, self.broker)
         topic, queue_id, first, broker = self.topic, self.queue_id, self.first_offset, self.broker
         return [SendResult(msg_id, topic, queue_id, first + i, broker)
                 for i, msg_id in enumerate(msg_ids(self.id_prefix, self.positions))]
@@ -248,8 +251,12 @@ class _PyBatchSlot:
 # One of these per send_async call: made in C when the hot path is built (no __init__ frame), whose
 # result() builds the SendResult in C once the batch is answered
 _BatchSlot: Any = record.native.BatchSlot if record.native is not None else _PyBatchSlot
-if record.native_module is not None:
-    record.native_module._bind_send_future(_python_result, SendResult, tuple(f.name for f in fields(SendResult)))
+# _BatchAnswer.results in C when SendResult binds as plain slots (None: the Python version)
+_native_send_results: Callable[..., list[SendResult]] | None = None
+if record.native_module is not None and record.native_module._bind_send_future(
+        _python_result, SendResult, tuple(f.name for f in fields(SendResult))) == "slots" \
+        and record.native is not None:  # EQUEUE_PURE_PYTHON=1: the Python versions throughout
+    _native_send_results = record.native_module.send_results
 
 
 class SendFuture(_BatchSlot):
@@ -1358,6 +1365,8 @@ class Producer:
         h = self._request_direct(direct, topic, queue_id, rec, timeout)
         if h is None:
             return None
+        if _native_send_results is not None:  # SendResult is frozen: its Python __init__ is 4x the cost
+            return _native_send_results(h["id_prefix"], h["positions"][:1], topic, queue_id, h["first_offset"], "")[0]
         return SendResult(f"{h['id_prefix']}{h['positions'][0]:016X}", topic, queue_id, h["first_offset"])
 
     def _send_batch_direct(self, direct: DirectConnection, messages: Sequence[Message],
