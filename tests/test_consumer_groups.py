@@ -172,38 +172,55 @@ def test_failed_messages_retry_with_growing_delays_then_land_in_dlq(fast_broker,
         assert sum(hi for _, hi in admin.queue_ranges("work")) == 110
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_failures_anywhere_in_a_batch_handed_out_in_chunks_are_sent_back_and_the_batch_consumed(fast_broker, model):
-    """An answer is handed out a chunk at a time (client/pulled_batch.py decoded_chunks) by both
-    models: the failures of every chunk, not only the first, go back to the broker and come back
-    as retries, and the whole batch counts as consumed once handled."""
-    _create(fast_broker.address, "chunks", 1)
-    with Producer(fast_broker.address) as p:
-        p.send_batch([Message("chunks", b"%d" % i) for i in range(300)])  # one pull brings all 300
-    failing = {7, 70, 150, 299}  # in the first, second, third and last chunk
+def _drain_failing_once(broker: BrokerProcess, topic: str, failing: set[int], *, tag_of=lambda i: None,
+                        expression: str = "*", wanted: set[int] | None = None, make_handler=None,
+                        **options) -> tuple[dict[int, int], dict]:
+    """300 messages (bodies 0..299, tags by tag_of) in one queue, one answer; a consumer (options)
+    whose handler fails each of `failing` once. Waits until every wanted message was tried (the
+    failing ones twice: they come back as retries) and the whole queue is committed; returns
+    how often each message was tried and the consumer's stats. make_handler(note) builds the
+    handler around note(m), which counts a try and raises on a first failing one (default:
+    note itself)."""
+    _create(broker.address, topic, 1)
+    with Producer(broker.address) as p:
+        p.send_batch([Message(topic, b"%d" % i, tag=tag_of(i)) for i in range(300)])
+    wanted = set(range(300)) if wanted is None else wanted
     tries: dict[int, int] = {}
     lock = threading.Lock()
 
-    def handler(m):
+    def note(m):
         n = int(m.body)
         with lock:
             tries[n] = tries.get(n, 0) + 1
         if n in failing and m.reconsume_times == 0:
             raise ValueError("fails once")
 
-    c = Consumer("gchunks", fast_broker.address, consume_from="first", threads=1, **FAST, **model).subscribe("chunks")
-    c.start(handler)
+    group = f"g{topic}"
+    c = Consumer(group, broker.address, consume_from="first", **FAST, **options).subscribe(topic, expression)
+    c.start(note if make_handler is None else make_handler(note))
     try:
-        assert wait_until(lambda: len(tries) == 300 and all(tries.get(n) == 2 for n in failing), 30), \
+        assert wait_until(lambda: len(tries) == len(wanted) and all(tries.get(n) == 2 for n in failing), 30), \
             {n: tries.get(n) for n in failing}
-        with AdminClient(fast_broker.address) as admin:
+        with AdminClient(broker.address) as admin:
             def committed():
-                rows = admin.groups("gchunks").get("gchunks", {}).get("queues", [])
-                return {r["queue_id"]: r["committed"] for r in rows if r["topic"] == "chunks"}
+                rows = admin.groups(group).get(group, {}).get("queues", [])
+                return {r["queue_id"]: r["committed"] for r in rows if r["topic"] == topic}
             assert wait_until(lambda: committed() == {0: 300}, 20), committed()
+        stats = dict(c.stats)
     finally:
         c.close()
+    assert set(tries) == wanted, "a message was handed out that should not have been"
     assert all(t == 1 for n, t in tries.items() if n not in failing), "a handled message came again"
+    return tries, stats
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_failures_anywhere_in_a_batch_handed_out_in_chunks_are_sent_back_and_the_batch_consumed(fast_broker, model):
+    """An answer is handed out a chunk at a time (client/pulled_batch.py decoded_chunks) by both
+    models: the failures of every chunk, not only the first, go back to the broker and come back
+    as retries, and the whole batch counts as consumed once handled."""
+    # in the first, second, third and last chunk
+    _drain_failing_once(fast_broker, "chunks", {7, 70, 150, 299}, threads=1, **model)
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -211,38 +228,11 @@ def test_a_tag_filter_over_an_answer_handed_out_in_chunks_skips_the_others_and_r
     """Every other message tagged "a", the consumer subscribed to "a": the handler sees only
     those, the failures among them (in different chunks) come back once as retries, the others
     are never handed out nor counted as handled, and the whole answer is committed."""
-    _create(fast_broker.address, "tagchunks", 1)
-    with Producer(fast_broker.address) as p:
-        p.send_batch([Message("tagchunks", b"%d" % i, tag="a" if i % 2 == 0 else "b") for i in range(300)])
-    failing = {8, 70, 150, 298}
-    tries: dict[int, int] = {}
-    lock = threading.Lock()
-
-    def handler(m):
-        n = int(m.body)
-        with lock:
-            tries[n] = tries.get(n, 0) + 1
-        if n in failing and m.reconsume_times == 0:
-            raise ValueError("fails once")
-
-    c = Consumer("gtagchunks", fast_broker.address, consume_from="first", threads=1, **FAST,
-                 **model).subscribe("tagchunks", "a")
-    c.start(handler)
-    try:
-        assert wait_until(lambda: len(tries) == 150 and all(tries.get(n) == 2 for n in failing), 30), \
-            {n: tries.get(n) for n in failing}
-        with AdminClient(fast_broker.address) as admin:
-            def committed():
-                rows = admin.groups("gtagchunks").get("gtagchunks", {}).get("queues", [])
-                return {r["queue_id"]: r["committed"] for r in rows if r["topic"] == "tagchunks"}
-            assert wait_until(lambda: committed() == {0: 300}, 20), committed()
-        handled = c.stats.get("handled")
-    finally:
-        c.close()
-    assert set(tries) == set(range(0, 300, 2)), "a message of another tag was handed out"
-    assert all(t == 1 for n, t in tries.items() if n not in failing), "a handled message came again"
+    _, stats = _drain_failing_once(fast_broker, "tagchunks", {8, 70, 150, 298}, expression="a",
+                                   tag_of=lambda i: "a" if i % 2 == 0 else "b", wanted=set(range(0, 300, 2)),
+                                   threads=1, **model)
     if not model:  # the default model counts what its handler handled, not what the filter skipped
-        assert handled == 150
+        assert stats["handled"] == 150
 
 
 def test_an_async_handler_gets_an_answer_a_chunk_at_a_time_and_its_failures_come_back(fast_broker):
@@ -250,40 +240,20 @@ def test_an_async_handler_gets_an_answer_a_chunk_at_a_time_and_its_failures_come
     message objects while the handler is in it; decoded whole, every message was alive until
     handled: ~500 collections in a 200k drain), failures in different chunks come back once as
     retries, and the whole answer is committed."""
-    import gc
-
-    from equeue_core.client.message import ReceivedMessage
     from equeue_core.client.pulled_batch import DECODE_CHUNK
+    from tests.helpers.live import live_messages
 
-    _create(fast_broker.address, "asyncchunks", 1)
-    with Producer(fast_broker.address) as p:
-        p.send_batch([Message("asyncchunks", b"%d" % i) for i in range(300)])
-    failing = {7, 70, 150, 299}
-    tries: dict[int, int] = {}
     live: list[int] = []
 
-    async def handler(m):
-        n = int(m.body)
-        tries[n] = tries.get(n, 0) + 1
-        if n == 100:
-            live.append(sum(1 for o in gc.get_objects() if type(o) is ReceivedMessage and o.topic == "asyncchunks"))
-        await asyncio.sleep(0)
-        if n in failing and m.reconsume_times == 0:
-            raise ValueError("fails once")
+    def make_handler(note):
+        async def handler(m):
+            if m.queue_offset == 100 and not m.reconsume_times:
+                live.append(live_messages("asyncchunks"))
+            await asyncio.sleep(0)
+            note(m)
+        return handler
 
-    c = Consumer("gasyncchunks", fast_broker.address, consume_from="first", **FAST).subscribe("asyncchunks")
-    c.start(handler)
-    try:
-        assert wait_until(lambda: len(tries) == 300 and all(tries.get(n) == 2 for n in failing), 30), \
-            {n: tries.get(n) for n in failing}
-        with AdminClient(fast_broker.address) as admin:
-            def committed():
-                rows = admin.groups("gasyncchunks").get("gasyncchunks", {}).get("queues", [])
-                return {r["queue_id"]: r["committed"] for r in rows if r["topic"] == "asyncchunks"}
-            assert wait_until(lambda: committed() == {0: 300}, 20), committed()
-    finally:
-        c.close()
-    assert all(t == 1 for n, t in tries.items() if n not in failing), "a handled message came again"
+    _drain_failing_once(fast_broker, "asyncchunks", {7, 70, 150, 299}, make_handler=make_handler)
     assert live and live[0] <= DECODE_CHUNK, f"{live} decoded messages alive inside the answer"
 
 

@@ -481,6 +481,17 @@ def _one_queue_of(broker: BrokerProcess, name: str, count: int, tag_of=lambda i:
     return topic, bodies
 
 
+def _polls_until(c: LitePullConsumer, count: int, timeout: float = 10.0) -> list[list]:
+    """What each poll returned (empty polls left out) until `count` messages came."""
+    polls: list[list] = []
+    deadline = time.monotonic() + timeout
+    while sum(map(len, polls)) < count and time.monotonic() < deadline:
+        got = c.poll(1.0)
+        if got:
+            polls.append(got)
+    return polls
+
+
 def test_a_poll_returns_at_most_max_poll_records_and_the_rest_of_the_answer_comes_next(broker):
     """600 messages come in one pull (the backlog is known at the start), yet each poll returns
     at most 256, in order, and the three polls take no second pull of the queue's backlog."""
@@ -488,12 +499,7 @@ def test_a_poll_returns_at_most_max_poll_records_and_the_rest_of_the_answer_come
     with LitePullConsumer("lite-maxpoll-g", broker.address, consume_from="first") as c:
         assert c.max_poll_records == 256
         c.assign(topic)
-        polls = []
-        deadline = time.monotonic() + 10
-        while sum(map(len, polls)) < 600 and time.monotonic() < deadline:
-            got = c.poll(1.0)
-            if got:
-                polls.append(got)
+        polls = _polls_until(c, 600)
         assert [len(p) for p in polls] == [256, 256, 88]
         assert c.stats["pulls"] <= 2  # the backlog's one pull, then at most the held one
     assert [m.body for p in polls for m in p] == bodies
@@ -538,12 +544,7 @@ def test_a_tag_filter_over_an_answer_split_across_polls(broker):
     topic, bodies = _one_queue_of(broker, "lite-maxpoll-tags", 600, tag_of=lambda i: "a" if i % 2 == 0 else "b")
     with LitePullConsumer("lite-maxpoll-tags-g", broker.address, consume_from="first", max_poll_records=64) as c:
         c.assign(topic, expression="a")
-        polls = []
-        deadline = time.monotonic() + 10
-        while sum(map(len, polls)) < 300 and time.monotonic() < deadline:
-            got = c.poll(1.0)
-            if got:
-                polls.append(got)
+        polls = _polls_until(c, 300)
         c.commit()
         assert _committed(broker, "lite-maxpoll-tags-g", topic, 0) == 600
     assert max(map(len, polls)) <= 64 and len(polls) >= 5
