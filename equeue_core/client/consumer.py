@@ -605,32 +605,21 @@ class AsyncConsumer:
                             pq.next_offset, pq.topic, pq.queue_id, h["next_offset"])
                 pq.next_offset = h["next_offset"]
                 continue
-            if h["count"] and self._batches is not None:
-                # a blocking handler's usual path: the answer stays bytes until a worker decodes
-                # it (client/pulled_batch.py); no objects per message wait in flight. A tag
-                # filter is applied as each chunk is decoded (_run_chunk)
+            if h["count"] and (tags is None or self._batches is not None):
+                # the answer stays bytes until it is handed out (client/pulled_batch.py), so no
+                # objects per message wait in flight: a worker decodes a chunk at a time (and
+                # applies a tag filter to it, _run_chunk), an async handler's run on the loop
+                # too (_run_chunk_async), the orderly loop DECODE_AT_MOST at a time
+                # (_decode_pending)
                 pulled = PulledBatch(resp.body, self._id_prefix, tags)
                 pq.next_offset = h["next_offset"]
                 if len(pulled):
                     pq.add_batch(pulled)
-                    self._batches.submit(pq, pulled)
-            elif h["count"] and tags is None and self.orderly:
-                # stays bytes with the queue's batches in flight; the orderly loop decodes it
-                # DECODE_AT_MOST at a time (_decode_pending)
-                pulled = PulledBatch(resp.body, self._id_prefix)
-                pq.next_offset = h["next_offset"]
-                if len(pulled):
-                    pq.add_batch(pulled)
-                    pq.wake()
-            elif h["count"] and tags is None and not self.orderly:
-                # an async handler: the same bytes in flight, decoded a chunk at a time as the
-                # loop hands them out (_run_chunk_async)
-                pulled = PulledBatch(resp.body, self._id_prefix)
-                pq.next_offset = h["next_offset"]
-                if len(pulled):
-                    pq.add_batch(pulled)
-                    self._dispatch(pq, pulled)
-            elif h["count"]:
+                    if self.orderly:
+                        pq.wake()
+                    else:
+                        self._dispatch(pq, pulled)
+            elif h["count"]:  # a tag filter, orderly or with an async handler: decoded whole
                 msgs = decode_batch(resp.body, self._id_prefix)
                 if tags is not None:
                     msgs = [m for m in msgs if m.tag in tags]
@@ -988,7 +977,7 @@ class AsyncConsumer:
         in flight one by one, so the committable offset never passes them): DECODE_AT_MOST at a
         time, or a whole consume_batch_size run. A whole answer decoded at the pull (up to 1024
         messages, all alive until handled) cost an orderly drain ~500 collections, a quarter of
-        its time (docs/benchmarks.md, "Queue count, sixth pass")."""
+        its time (docs/benchmarks.md, "Objects the collector need not count")."""
         want = max(DECODE_AT_MOST, self.consume_batch_size)
         pending = pq.pending
         while len(pending) < want and pq.batches:
