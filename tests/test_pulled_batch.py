@@ -194,6 +194,30 @@ def test_records_the_consumer_s_tag_filter_drops_are_finished_without_the_handle
     assert sum(counted) == (100 if fail_at is None else 99)
 
 
+def test_an_orderly_consumer_decodes_pending_a_part_at_a_time_and_its_tag_filter_finishes_the_dropped():
+    """The orderly loop takes a pulled answer's messages into pending 256 at a time; with a tag
+    filter the records it drops (odd offsets are tagged "a", even ones have none) are finished on
+    the spot, the kept ones are in flight one by one, so the committable offset waits for the
+    first kept one and reaches the answer's end once they are done."""
+    from equeue_core.client.consumer import AsyncConsumer
+
+    consumer = AsyncConsumer("gorderlytags", "127.0.0.1:1", orderly=True)
+    pq = ProcessQueue("t", 0, 0)
+    pq.add_batch(PulledBatch(_answer(0, 600), "AB", frozenset({"a"})))
+    pq.next_offset = 600
+    consumer._decode_pending(pq)
+    first = [m.queue_offset for m in pq.pending]
+    assert first == list(range(1, 512, 2)) and len(pq.in_flight) == 256
+    assert pq.committable() == 1
+    done = list(pq.pending)
+    pq.pending.clear()
+    pq.done_many(done)
+    consumer._decode_pending(pq)
+    assert [m.queue_offset for m in pq.pending] == list(range(513, 600, 2)) and not pq.batches
+    pq.done_many(list(pq.pending))
+    assert pq.committable() == 600
+
+
 def test_pulling_handler_threads_decode_an_answer_a_chunk_at_a_time(file_broker):
     """With pull_in_handler_threads the thread that pulls an answer hands it out itself. It used
     to decode the whole answer (hundreds of messages) before the first call, all of them alive

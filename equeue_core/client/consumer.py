@@ -605,12 +605,12 @@ class AsyncConsumer:
                             pq.next_offset, pq.topic, pq.queue_id, h["next_offset"])
                 pq.next_offset = h["next_offset"]
                 continue
-            if h["count"] and (tags is None or self._batches is not None):
+            if h["count"] and (tags is None or self._batches is not None or self.orderly):
                 # the answer stays bytes until it is handed out (client/pulled_batch.py), so no
                 # objects per message wait in flight: a worker decodes a chunk at a time (and
                 # applies a tag filter to it, _run_chunk), an async handler's run on the loop
-                # too (_run_chunk_async), the orderly loop DECODE_AT_MOST at a time
-                # (_decode_pending)
+                # too (_run_chunk_async), the orderly loop DECODE_AT_MOST at a time, filtered
+                # the same way (_decode_pending)
                 pulled = PulledBatch(resp.body, self._id_prefix, tags)
                 pq.next_offset = h["next_offset"]
                 if len(pulled):
@@ -619,7 +619,7 @@ class AsyncConsumer:
                         pq.wake()
                     else:
                         self._dispatch(pq, pulled)
-            elif h["count"]:  # a tag filter, orderly or with an async handler: decoded whole
+            elif h["count"]:  # an async handler with a tag filter: decoded whole
                 msgs = decode_batch(resp.body, self._id_prefix)
                 if tags is not None:
                     msgs = [m for m in msgs if m.tag in tags]
@@ -975,7 +975,8 @@ class AsyncConsumer:
     def _decode_pending(self, pq: ProcessQueue) -> None:
         """Orderly: the next messages of the queue's pulled answers, from bytes to `pending` (and
         in flight one by one, so the committable offset never passes them): DECODE_AT_MOST at a
-        time, or a whole consume_batch_size run. A whole answer decoded at the pull (up to 1024
+        time, or a whole consume_batch_size run; a tag filter's exact check drops records here
+        (few: the broker filters by tag hash). A whole answer decoded at the pull (up to 1024
         messages, all alive until handled) cost an orderly drain ~500 collections, a quarter of
         its time (docs/benchmarks.md, "Objects the collector need not count")."""
         want = max(DECODE_AT_MOST, self.consume_batch_size)
@@ -984,6 +985,8 @@ class AsyncConsumer:
             batch = pq.batches[0]
             upto = min(len(batch), batch.cursor + want - len(pending))
             msgs = batch.decode(batch.cursor, upto)
+            if batch.tags is not None:  # what it drops, finish_batch finishes with the rest
+                msgs = [m for m in msgs if m.tag in batch.tags]
             pq.finish_batch(batch, upto, msgs)
             pending.extend(msgs)
 
