@@ -1372,6 +1372,23 @@ static PyObject *answer_ids(PyObject *answer)
     return ids;
 }
 
+/* A SendResult from its 5 field values (references stolen, every one non-NULL; slots bound),
+ * untracked by the cyclic GC: it is frozen and holds only strs and ints, so it is in no reference
+ * cycle, and a send_batch's 1000 results are then nothing a collection scans or promotes. */
+static PyObject *new_send_result(PyObject **v)
+{
+    PyObject *r = send_result_cls->tp_alloc(send_result_cls, 0);
+    if (r == NULL) {
+        for (int i = 0; i < SR_FIELDS; i++)
+            Py_DECREF(v[i]);
+        return NULL;
+    }
+    for (int i = 0; i < SR_FIELDS; i++)
+        *(PyObject **)((char *)r + sr_offsets[i]) = v[i]; /* references moved */
+    PyObject_GC_UnTrack(r);
+    return r;
+}
+
 static PyObject *batch_slot_result(BatchSlotObject *self, PyObject *const *args, Py_ssize_t nargs,
                                    PyObject *kwnames)
 {
@@ -1403,16 +1420,7 @@ static PyObject *batch_slot_result(BatchSlotObject *self, PyObject *const *args,
     Py_DECREF(index);
     Py_DECREF(ids);
     Py_DECREF(answer);
-    PyObject *r = send_result_cls->tp_alloc(send_result_cls, 0);
-    if (r == NULL) {
-        for (int i = 0; i < SR_FIELDS; i++)
-            Py_DECREF(v[i]);
-        return NULL;
-    }
-    for (int i = 0; i < SR_FIELDS; i++)
-        *(PyObject **)((char *)r + sr_offsets[i]) = v[i]; /* references moved */
-    PyObject_GC_UnTrack(r); /* frozen, strs and ints: in no cycle (n_send_results) */
-    return r;
+    return new_send_result(v);
 slow:
     Py_XDECREF(ids);
     Py_DECREF(answer);
@@ -1452,11 +1460,9 @@ static int plain_slot_offsets(PyTypeObject *cls, const char *const *names, int n
 }
 
 /* send_results(id_prefix, positions, topic, queue_id, first_offset, broker) -> [SendResult]: the
- * results of a SEND answer's messages (producer.py _BatchAnswer.results), their slots filled as
- * BatchSlot.result fills them. Only after _bind_send_future said "slots" (RuntimeError before).
- * Each is untracked by the cyclic GC: a SendResult is frozen and holds only strs and ints, so it
- * is in no reference cycle, and a send_batch's 1000 results are then nothing a collection scans
- * or promotes. */
+ * results of a SEND answer's messages (producer.py _BatchAnswer.results), made as BatchSlot.result
+ * makes one (new_send_result: untracked by the GC). Only after _bind_send_future said "slots"
+ * (RuntimeError before). */
 static PyObject *n_send_results(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 6) {
@@ -1482,17 +1488,17 @@ static PyObject *n_send_results(PyObject *self, PyObject *const *args, Py_ssize_
     PyObject *out = PyList_New(n);
     for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
         PyObject *offset = PyLong_FromLongLong(first + i);
-        PyObject *r = offset == NULL ? NULL : send_result_cls->tp_alloc(send_result_cls, 0);
-        if (r == NULL) {
-            Py_XDECREF(offset);
+        if (offset == NULL) {
             Py_CLEAR(out);
             break;
         }
         PyObject *v[SR_FIELDS] = {Py_NewRef(PyList_GET_ITEM(ids, i)), Py_NewRef(args[2]), Py_NewRef(args[3]),
                                   offset, Py_NewRef(args[5])};
-        for (int k = 0; k < SR_FIELDS; k++)
-            *(PyObject **)((char *)r + sr_offsets[k]) = v[k]; /* references moved */
-        PyObject_GC_UnTrack(r);
+        PyObject *r = new_send_result(v);
+        if (r == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
         PyList_SET_ITEM(out, i, r);
     }
     Py_DECREF(ids);

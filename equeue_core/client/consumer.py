@@ -619,18 +619,12 @@ class AsyncConsumer:
                         pq.wake()
                     else:
                         self._dispatch(pq, pulled)
-            elif h["count"]:  # an async handler with a tag filter: decoded whole
-                msgs = decode_batch(resp.body, self._id_prefix)
-                if tags is not None:
-                    msgs = [m for m in msgs if m.tag in tags]
+            elif h["count"]:  # an async handler with a tag filter: decoded whole, then filtered
+                msgs = [m for m in decode_batch(resp.body, self._id_prefix) if m.tag in tags]
                 pq.next_offset = h["next_offset"]
                 if msgs:
                     pq.add(msgs)
-                    if self.orderly:
-                        pq.pending.extend(msgs)
-                        pq.wake()
-                    else:
-                        self._dispatch(pq, msgs)
+                    self._dispatch(pq, msgs)
             else:
                 pq.next_offset = h["next_offset"]
 

@@ -614,12 +614,12 @@ class LitePullConsumer:
 
     def _drop_rest(self, queue: _Queue) -> _Rest | None:
         """Forget the rest of `queue`'s answer not returned yet (seek, pause, the queue gone);
-        returns it, if there was one."""
+        returns it, if there was one. The queue's `returned` is already its first offset
+        (_rest_next)."""
         rest = self._rest
         if rest is None or rest.queue is not queue:
             return None
         self._rest = None
-        queue.returned = rest.first_offset()
         return rest
 
     def _end_turn(self, queue: _Queue, pull_now: bool = True) -> None:
