@@ -235,26 +235,33 @@ def test_a_tag_filter_over_an_answer_handed_out_in_chunks_skips_the_others_and_r
         assert stats["handled"] == 150
 
 
-def test_an_async_handler_gets_an_answer_a_chunk_at_a_time_and_its_failures_come_back(fast_broker):
+@pytest.mark.parametrize("expression", ["*", "a"])
+def test_an_async_handler_gets_an_answer_a_chunk_at_a_time_and_its_failures_come_back(fast_broker, expression):
     """A coroutine handler: the answer of 300 waits as bytes (at most a chunk of it exists as
     message objects while the handler is in it; decoded whole, every message was alive until
     handled: ~500 collections in a 200k drain), failures in different chunks come back once as
-    retries, and the whole answer is committed."""
+    retries, and the whole answer is committed. With a tag filter ("a": every other message)
+    the same: the filter applies as each chunk is decoded (it decoded the whole answer to
+    filter it before), and what it leaves out is not counted as handled."""
     from equeue_core.client.pulled_batch import DECODE_CHUNK
     from tests.helpers.live import live_messages
 
+    topic = "asyncchunks" if expression == "*" else "asynctagchunks"
     live: list[int] = []
 
     def make_handler(note):
         async def handler(m):
             if m.queue_offset == 100 and not m.reconsume_times:
-                live.append(live_messages("asyncchunks"))
+                live.append(live_messages(topic))
             await asyncio.sleep(0)
             note(m)
         return handler
 
-    _drain_failing_once(fast_broker, "asyncchunks", {7, 70, 150, 299}, make_handler=make_handler)
+    tagged = {} if expression == "*" else {"expression": "a", "tag_of": lambda i: "ab"[i % 2],
+                                           "wanted": set(range(0, 300, 2))}
+    _, stats = _drain_failing_once(fast_broker, topic, {8, 70, 150, 298}, make_handler=make_handler, **tagged)
     assert live and live[0] <= DECODE_CHUNK, f"{live} decoded messages alive inside the answer"
+    assert stats["handled"] == (300 if expression == "*" else 150)
 
 
 def test_a_handler_past_consume_timeout_counts_as_failed(fast_broker):

@@ -194,6 +194,72 @@ def test_records_the_consumer_s_tag_filter_drops_are_finished_without_the_handle
     assert sum(counted) == (100 if fail_at is None else 99)
 
 
+@pytest.mark.parametrize("fail_at", [None, 101])
+def test_an_async_handler_s_answer_is_tag_filtered_chunk_by_chunk_and_the_dropped_are_finished_not_counted(fail_at):
+    """An async handler with a tag filter: the answer stays bytes and the exact tag check runs as
+    each chunk is decoded, as on the workers (it decoded the whole answer at the pull to filter
+    it). The dropped records' results are True (finished), the kept ones' their own, and the
+    consumer's handled count leaves the dropped out."""
+    from equeue_core.client.consumer import AsyncConsumer
+
+    async def main():
+        seen: list[int] = []
+        live: list[int] = []
+
+        async def handler(m: ReceivedMessage) -> None:
+            seen.append(m.queue_offset)
+            if m.queue_offset == 151:
+                live.append(live_messages("t"))
+            if m.queue_offset == fail_at:
+                raise ValueError("fails")
+
+        consumer = AsyncConsumer("gasynctagdrop", "127.0.0.1:1")
+        consumer._handler = handler
+        consumer._is_async = True
+        batch = PulledBatch(_answer(0, 200), "AB", frozenset({"a"}))  # odd offsets are tagged "a"
+        results = await consumer._handle(batch)
+        if fail_at is None:  # (a failure would go back to a broker: none here)
+            consumer._handing_out = True
+            pq = ProcessQueue("t", 0, 0)
+            pq.add_batch(batch)
+            pq.next_offset = 200
+            await consumer._consume(pq, PulledBatch(_answer(0, 200), "AB", frozenset({"a"})))
+        return seen, live, results, batch, dict(consumer.stats)
+
+    seen, live, results, batch, stats = asyncio.run(main())
+    assert seen[:100] == list(range(1, 200, 2))
+    assert live[0] <= DECODE_CHUNK, f"{live[0]} decoded messages alive inside the answer"
+    assert batch.dropped == 100
+    assert [i for i, ok in enumerate(results) if ok is not True] == ([] if fail_at is None else [fail_at])
+    if fail_at is None:
+        assert stats["handled"] == 100
+
+
+def test_pulling_handler_threads_tag_filter_an_answer_chunk_by_chunk_and_count_only_the_kept():
+    """A pulling handler thread's batch with a tag filter (LitePullConsumer._poll_batch keeps it
+    bytes now): the handler gets only the kept records, a failure among them comes back as that
+    message, and the thread's handled count leaves the dropped out."""
+    from equeue_core.client.pulling_handlers import PullingHandlerConsumer
+
+    seen: list[int] = []
+
+    def handler(m: ReceivedMessage) -> None:
+        seen.append(m.queue_offset)
+        if m.queue_offset == 101:
+            raise ValueError("fails")
+
+    c = PullingHandlerConsumer("gpulltagdrop", "127.0.0.1:1", threads=1)
+    try:
+        c._handler = handler
+        failed = c._run_batch(PulledBatch(_answer(0, 200), "AB", frozenset({"a"})), lambda: True)
+        assert seen == list(range(1, 200, 2))
+        assert [m.queue_offset for m in failed] == [101]
+        stopped = c._run_batch(PulledBatch(_answer(0, 200), "AB", frozenset({"a"})), lambda: len(seen) < 120)
+        assert stopped is None and len(seen) == 120  # keep_going said stop: the rest is not run
+    finally:
+        c.close()
+
+
 def test_an_orderly_consumer_decodes_pending_a_part_at_a_time_and_its_tag_filter_finishes_the_dropped():
     """The orderly loop takes a pulled answer's messages into pending 256 at a time; with a tag
     filter the records it drops (odd offsets are tagged "a", even ones have none) are finished on
@@ -218,16 +284,19 @@ def test_an_orderly_consumer_decodes_pending_a_part_at_a_time_and_its_tag_filter
     assert pq.committable() == 600
 
 
-def test_pulling_handler_threads_decode_an_answer_a_chunk_at_a_time(file_broker):
+@pytest.mark.parametrize("expression", ["*", "a"])
+def test_pulling_handler_threads_decode_an_answer_a_chunk_at_a_time(file_broker, expression):
     """With pull_in_handler_threads the thread that pulls an answer hands it out itself. It used
     to decode the whole answer (hundreds of messages) before the first call, all of them alive
     while the handler went through them; a drain spent 42 % of those threads' samples on that
     line. Now a chunk at a time, as the default Consumer's workers do: while the handler is in
-    the batch, at most a chunk of it exists as objects."""
+    the batch, at most a chunk of it exists as objects. With a tag filter too (every message is
+    tagged "a"), which used to decode the whole answer to filter it."""
+    topic = "chunked" if expression == "*" else "chunkedtags"
     with AdminClient(file_broker.address) as admin:
-        admin.create_topic("chunked", 1)
+        admin.create_topic(topic, 1)
     with Producer(file_broker.address) as p:
-        p.send_batch([Message("chunked", b"x" * 100) for _ in range(600)])
+        p.send_batch([Message(topic, b"x" * 100, tag="a") for _ in range(600)])
     inside = threading.Event()
     release = threading.Event()
     seen: list[int] = []
@@ -238,12 +307,12 @@ def test_pulling_handler_threads_decode_an_answer_a_chunk_at_a_time(file_broker)
             inside.set()
             release.wait(30)
 
-    c = Consumer("gchunked", file_broker.address, consume_from="first", pull_in_handler_threads=True, threads=1)
-    c.subscribe("chunked")
+    c = Consumer(f"g{topic}", file_broker.address, consume_from="first", pull_in_handler_threads=True, threads=1)
+    c.subscribe(topic, expression)
     c.start(handler)
     try:
         assert inside.wait(30)
-        live = live_messages("chunked")
+        live = live_messages(topic)
         assert live <= DECODE_CHUNK, f"{live} decoded messages alive while the handler is in the batch"
         release.set()
         assert wait_until(lambda: len(seen) >= 600, timeout=30)

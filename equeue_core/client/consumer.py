@@ -30,10 +30,10 @@ from equeue_core.client.connection import BrokerConnection
 from equeue_core.client.credentials import credentials
 from equeue_core.client.handler_pool import BatchRun, HandlerPool
 from equeue_core.client.loop import background_loop, run_sync
-from equeue_core.client.message import ReceivedMessage, decode_batch
+from equeue_core.client.message import ReceivedMessage
 from equeue_core.client.process_queue import ProcessQueue
 from equeue_core.client.pull_batch import PULL_BATCH_CEILING, PULL_BATCH_FLOOR, AdaptivePullBatch
-from equeue_core.client.pulled_batch import DECODE_AT_MOST, PulledBatch, decoded_chunks
+from equeue_core.client.pulled_batch import DECODE_AT_MOST, PulledBatch, ResultsAt, decoded_chunks
 from equeue_core.codes import Code, PullStatus
 from equeue_core.errors import (
     ClientClosedError,
@@ -115,20 +115,6 @@ def run_handler(handler: Callable[..., Any], batch_size: int, msgs: list[Receive
             if stop_on_failure:
                 return False
     return True
-
-
-class _Spread:
-    """The results of a tag-filtered chunk's kept messages (run_handler writes result i), each
-    written to its record's place in the whole batch's results."""
-
-    __slots__ = ("results", "places")
-
-    def __init__(self, results: list[bool | None], places: list[int]) -> None:
-        self.results = results
-        self.places = places
-
-    def __setitem__(self, i: int, ok: bool) -> None:
-        self.results[self.places[i]] = ok
 
 
 class _BacklogSlot:
@@ -549,7 +535,7 @@ class AsyncConsumer:
             # drop the last answer before waiting again: a caught-up queue waits in a held pull
             # for up to hold_ms, and its last answer's bytes would stay alive that long (1000
             # queues: ~90 MB held, and every new answer in fresh pages)
-            resp = pulled = msgs = None
+            resp = pulled = None
             self._collect()
             if pq.is_full(*self.flow) or (self.orderly and not pq.holds_lock()):
                 await pq.wait_change(0.5, self._collect)
@@ -605,12 +591,11 @@ class AsyncConsumer:
                             pq.next_offset, pq.topic, pq.queue_id, h["next_offset"])
                 pq.next_offset = h["next_offset"]
                 continue
-            if h["count"] and (tags is None or self._batches is not None or self.orderly):
+            if h["count"]:
                 # the answer stays bytes until it is handed out (client/pulled_batch.py), so no
-                # objects per message wait in flight: a worker decodes a chunk at a time (and
-                # applies a tag filter to it, _run_chunk), an async handler's run on the loop
-                # too (_run_chunk_async), the orderly loop DECODE_AT_MOST at a time, filtered
-                # the same way (_decode_pending)
+                # objects per message wait in flight: a worker decodes a chunk at a time and
+                # applies the tag filter to it (decoded_chunks), an async handler's run on the
+                # loop too, the orderly loop DECODE_AT_MOST at a time (_decode_pending)
                 pulled = PulledBatch(resp.body, self._id_prefix, tags)
                 pq.next_offset = h["next_offset"]
                 if len(pulled):
@@ -619,12 +604,6 @@ class AsyncConsumer:
                         pq.wake()
                     else:
                         self._dispatch(pq, pulled)
-            elif h["count"]:  # an async handler with a tag filter: decoded whole, then filtered
-                msgs = [m for m in decode_batch(resp.body, self._id_prefix) if m.tag in tags]
-                pq.next_offset = h["next_offset"]
-                if msgs:
-                    pq.add(msgs)
-                    self._dispatch(pq, msgs)
             else:
                 pq.next_offset = h["next_offset"]
 
@@ -713,27 +692,15 @@ class AsyncConsumer:
         pool's flag) may be raised: the rest stays unrun (None). A PulledBatch is decoded a chunk
         at a time, just before its messages are handed out."""
         if type(msgs) is PulledBatch:
-            tags = msgs.tags
-            for lo, chunk in decoded_chunks(msgs, self.consume_batch_size):
-                if tags is not None:
-                    kept = [i for i, m in enumerate(chunk) if m.tag in tags]
-                    if len(kept) < len(chunk):  # the others are finished without the handler
-                        for i, m in enumerate(chunk, lo):
-                            if m.tag not in tags:
-                                results[i] = True
-                        if halt is not None:
-                            halt.skipped += len(chunk) - len(kept)
-                        ok = self._run_messages([chunk[i] for i in kept], _Spread(results, [lo + i for i in kept]),
-                                                0, stop_on_failure, keep_going, halt)
-                        if not ok:
-                            return
-                        continue
-                if not self._run_messages(chunk, results, lo, stop_on_failure, keep_going, halt):
+            for chunk, out, base in decoded_chunks(msgs, self.consume_batch_size, results):
+                if halt is not None:  # what the tag filter dropped is finished, not handled
+                    halt.skipped = msgs.dropped
+                if not self._run_messages(chunk, out, base, stop_on_failure, keep_going, halt):
                     return
             return
         self._run_messages(msgs, results, 0, stop_on_failure, keep_going, halt)
 
-    def _run_messages(self, msgs: list[ReceivedMessage], results: list[bool | None], base: int,
+    def _run_messages(self, msgs: list[ReceivedMessage], results: list[bool | None] | ResultsAt, base: int,
                       stop_on_failure: bool, keep_going: Callable[[], bool] | None,
                       halt: BatchRun | None = None) -> bool:
         """_run_chunk over msgs, whose results start at results[base]; False if it stopped early."""
@@ -745,15 +712,16 @@ class AsyncConsumer:
                                stop_on_failure: bool = False,
                                keep_going: Callable[[], bool] | None = None) -> None:
         """_run_chunk for an async handler, on the loop; a PulledBatch is decoded a chunk at a
-        time, as the workers do."""
+        time (and tag-filtered), as the workers do."""
         if type(msgs) is PulledBatch:
-            for lo, chunk in decoded_chunks(msgs, self.consume_batch_size):
-                if not await self._run_messages_async(chunk, results, lo, stop_on_failure, keep_going):
+            for chunk, out, base in decoded_chunks(msgs, self.consume_batch_size, results):
+                if not await self._run_messages_async(chunk, out, base, stop_on_failure, keep_going):
                     return
             return
         await self._run_messages_async(msgs, results, 0, stop_on_failure, keep_going)
 
-    async def _run_messages_async(self, msgs: list[ReceivedMessage], results: list[bool | None], base: int,
+    async def _run_messages_async(self, msgs: list[ReceivedMessage], results: list[bool | None] | ResultsAt,
+                                  base: int,
                                   stop_on_failure: bool, keep_going: Callable[[], bool] | None) -> bool:
         """_run_chunk_async over msgs, whose results start at results[base]; False if it stopped
         early."""
@@ -885,8 +853,8 @@ class AsyncConsumer:
         if not self._handing_out:
             return  # stopping: never handed out, so they stay in flight (uncommitted)
         oks = await self._handle(msgs, keep_going=self._keep_handing_out)
-        if type(msgs) is PulledBatch:
-            self.stats["handled"] += oks.count(True)
+        if type(msgs) is PulledBatch:  # what the tag filter dropped is finished, not handled
+            self.stats["handled"] += oks.count(True) - msgs.dropped
             self._pulled_done(pq, msgs, oks)
             return
         # None: not handed out (stopping): neither done nor failed, it stays in flight

@@ -414,8 +414,8 @@ class LitePullConsumer:
 
     def _poll_batch(self, timeout: float) -> list[ReceivedMessage] | PulledBatch:
         """poll(), for the pulling handler threads (client/pulling_handlers.py): an answer of more
-        than DECODE_CHUNK messages without a tag filter comes back undecoded, as a PulledBatch the
-        caller decodes a chunk at a time (a smaller one is decoded whole, as poll() does).
+        than DECODE_CHUNK messages comes back undecoded, as a PulledBatch the caller decodes (and
+        tag-filters) a chunk at a time (a smaller one is decoded whole, as poll() does).
         Why: a whole answer decoded at once (up to 1024 messages) is that many objects alive
         together, and the collector ran a young-generation pass or two on every answer while a
         handler went through them (py-spy of a drain: 42 % of the threads' samples on the
@@ -569,8 +569,8 @@ class LitePullConsumer:
         queue.returned = queue.next_offset
         count = h.get("count")
         if count:
-            if raw and queue.tags is None and count > DECODE_CHUNK:  # stays bytes (_poll_batch)
-                msgs = PulledBatch(frame.body, self._id_prefix or "")
+            if raw and count > DECODE_CHUNK:  # stays bytes (_poll_batch), filtered as it is decoded
+                msgs = PulledBatch(frame.body, self._id_prefix or "", queue.tags)
             elif not raw and count > self.max_poll_records:  # the first part now, the rest later
                 self._rest = _Rest(queue, PulledBatch(frame.body, self._id_prefix or ""), queue.next_offset)
                 msgs = self._rest_next()

@@ -16,6 +16,8 @@ Guarantees:
 - offset_at(i) is record i's queue offset, read from its header (no decoding).
 - Bookkeeping (client/process_queue.py): records [0, cursor) are finished; `open` is False once
   every record is.
+- A consumer's tag filter (`tags`) is applied where the records are decoded (decoded_chunks, the
+  orderly loop, a LitePullConsumer's poll), never by decoding the whole answer first.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ _QUEUE_OFFSET_AT = 20  # the queue offset's place in a record header (docs/forma
 class PulledBatch:
     """The records of one pull answer (see the module docstring)."""
 
-    __slots__ = ("buf", "starts", "id_prefix", "nbytes", "cursor", "open", "tags")
+    __slots__ = ("buf", "starts", "id_prefix", "nbytes", "cursor", "open", "tags", "dropped")
 
     def __init__(self, body: bytes | bytearray | memoryview, id_prefix: str,
                  tags: frozenset[str] | None = None) -> None:
@@ -53,6 +55,9 @@ class PulledBatch:
         self.nbytes = len(self.buf)  # what the batch holds in memory until every record is finished
         self.cursor = 0  # records before this one are finished (handled, or failed and tracked alone)
         self.open = bool(self.starts)
+        # records decoded_chunks left out for the tag filter so far: finished without the
+        # handler, and so not counted as handled (len(batch) - dropped reached it, or will)
+        self.dropped = 0
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -68,12 +73,53 @@ class PulledBatch:
         return _QUEUE_OFFSET.unpack_from(self.buf, self.starts[i] + _QUEUE_OFFSET_AT)[0]
 
 
-def decoded_chunks(batch: PulledBatch, handler_batch: int = 1) -> Iterator[tuple[int, list[ReceivedMessage]]]:
-    """(first index, messages) of each chunk of `batch`, decoded just before it is handed out:
-    about DECODE_CHUNK messages at a time, a whole number of `handler_batch`-sized handler calls
-    (a handler that takes lists gets them whole). A chunk's messages are freed once the caller
-    drops them, before the next chunk is made."""
+class ResultsAt:
+    """A chunk's results written to its records' places in the whole batch's results: result i
+    of the chunk goes to results[places[i]] (a chunk a tag filter thinned, decoded_chunks)."""
+
+    __slots__ = ("results", "places")
+
+    def __init__(self, results: list[bool | None], places: list[int]) -> None:
+        self.results = results
+        self.places = places
+
+    def __getitem__(self, i: int) -> bool | None:
+        return self.results[self.places[i]]
+
+    def __setitem__(self, i: int, ok: bool) -> None:
+        self.results[self.places[i]] = ok
+
+
+def decoded_chunks(batch: PulledBatch, handler_batch: int,
+                   results: list[bool | None]) -> Iterator[tuple[list[ReceivedMessage], list[bool | None] | ResultsAt, int]]:
+    """(messages, out, base) of each chunk of `batch`, decoded just before it is handed out: about
+    DECODE_CHUNK records at a time, a whole number of `handler_batch`-sized handler calls (a
+    handler that takes lists gets them whole). The chunk's message i has its result at
+    out[base + i] (run_handler's contract), which is its record's place in `results`, the whole
+    batch's. A chunk's messages are freed once the caller drops them, before the next is made.
+
+    The batch's tag filter is applied here, to each chunk as it is decoded. The broker filters
+    pulls by a 64-bit tag hash, so a record of another tag reaches the client only on a hash
+    collision. Such a record is left out of its chunk, its result set True at once (finished: the
+    batch can end and be committed past it) and counted in `batch.dropped`; the kept ones of that
+    chunk are written through a ResultsAt. Only dropped records are marked before the run: a run
+    halted midway leaves the kept ones it never ran None (not finished)."""
     n = len(batch)
     step = handler_batch * max(1, DECODE_CHUNK // handler_batch)
+    tags = batch.tags
     for lo in range(0, n, step):
-        yield lo, batch.decode(lo, min(n, lo + step))
+        msgs = batch.decode(lo, min(n, lo + step))
+        if tags is not None:
+            kept: list[ReceivedMessage] = []
+            places: list[int] = []
+            for i, m in enumerate(msgs, lo):
+                if m.tag in tags:
+                    kept.append(m)
+                    places.append(i)
+                else:
+                    results[i] = True
+            if len(kept) < len(msgs):
+                batch.dropped += len(msgs) - len(kept)
+                yield kept, ResultsAt(results, places), 0
+                continue
+        yield msgs, results, lo

@@ -233,7 +233,8 @@ class PullingHandlerConsumer:
             failed = self._run_batch(msgs, keep_going)
             if failed is None:
                 break
-            self._handled[index] += len(msgs) - len(failed)
+            # (what a tag filter dropped is finished, not handled)
+            self._handled[index] += len(msgs) - len(failed) - (msgs.dropped if type(msgs) is PulledBatch else 0)
             self._failed[index] += len(failed)
             msgs = [m for m in failed if not self._send_back(m)]  # those the broker did not take
             if not msgs:
@@ -249,14 +250,14 @@ class PullingHandlerConsumer:
         """Call the handler over msgs (a PulledBatch decoded a chunk at a time): the messages that
         failed, or None if keep_going() stopped the run first."""
         assert self._handler is not None
-        chunks = decoded_chunks(msgs, self.consume_batch_size) if type(msgs) is PulledBatch else ((0, msgs),)
+        results: list[bool | None] = [None] * len(msgs)
+        chunks = decoded_chunks(msgs, self.consume_batch_size, results) if type(msgs) is PulledBatch \
+            else ((msgs, results, 0),)
         failed: list[ReceivedMessage] = []
-        for _, chunk in chunks:
-            results: list[bool | None] = [None] * len(chunk)
-            if not run_handler(self._handler, self.consume_batch_size, chunk, results, keep_going=keep_going):
+        for chunk, out, base in chunks:
+            if not run_handler(self._handler, self.consume_batch_size, chunk, out, base, keep_going=keep_going):
                 return None
-            if False in results:
-                failed += [m for m, ok in zip(chunk, results, strict=True) if not ok]
+            failed += [m for i, m in enumerate(chunk, base) if out[i] is False]
         return failed
 
     def _park(self, index: int, lp: LitePullConsumer, error: CorruptRecordError) -> None:
