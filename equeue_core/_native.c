@@ -1267,7 +1267,16 @@ static PyObject *n_msg_ids(PyObject *self, PyObject *const *args, Py_ssize_t nar
 
 /* BatchSlot(batch, index): a message's place in an automatically batched send (the base of the
  * producer's SendFuture, whose methods are Python). One per send_async call, so it is made in C:
- * no Python __init__ frame per message. Read-only: `_batch` (any object) and `_index` (an int). */
+ * no Python __init__ frame per message. Read-only: `_batch` (any object) and `_index` (an int).
+ *
+ * Born untracked by the cyclic GC, as CPython's dicts are until they hold something that can be
+ * in a cycle: a producer that keeps its futures (20k in a window) had every one of them scanned
+ * and promoted by each collection, and full collections followed (docs/benchmarks.md, "Futures
+ * the collector need not count"). A cycle through a slot needs a path from its batch back to it,
+ * and the batch (producer.py _OpenBatch) reaches user objects only through what the future's own
+ * calls put there: a done callback, an await, a raised or returned error whose traceback holds a
+ * frame with the future. Each of those calls `_track()` first (producer.py SendFuture), and from
+ * then on the collector sees the slot, its reference to its batch (tp_traverse) and the batch. */
 typedef struct {
     PyObject_HEAD
     PyObject *batch;
@@ -1291,7 +1300,19 @@ static PyObject *batch_slot_new(PyTypeObject *type, PyObject *args, PyObject *kw
         return NULL;
     o->batch = Py_NewRef(batch);
     o->index = i;
+    PyObject_GC_UnTrack(o); /* see above: _track() when it can be part of a cycle */
     return (PyObject *)o;
+}
+
+/* BatchSlot._track(): from now on the cyclic GC sees this slot and its batch (which producer.py
+ * also leaves out of it until then: _OpenBatch). */
+static PyObject *batch_slot_track(BatchSlotObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!PyObject_GC_IsTracked((PyObject *)self))
+        PyObject_GC_Track(self);
+    if (self->batch != NULL && PyObject_IS_GC(self->batch) && !PyObject_GC_IsTracked(self->batch))
+        PyObject_GC_Track(self->batch);
+    Py_RETURN_NONE;
 }
 
 static int batch_slot_traverse(BatchSlotObject *o, visitproc visit, void *arg)
@@ -1367,6 +1388,8 @@ static PyObject *answer_ids(PyObject *answer)
         && (a[1] = PyObject_GetAttr(answer, str_positions)) != NULL
         && (ids = n_msg_ids(NULL, a, 2, NULL)) != NULL && PyObject_SetAttr(answer, str_ids, ids) < 0)
         Py_CLEAR(ids);
+    if (ids != NULL)
+        PyObject_GC_UnTrack(ids); /* strs only: in no cycle, and kept as long as the futures are */
     Py_XDECREF(a[0]);
     Py_XDECREF(a[1]);
     return ids;
@@ -1435,9 +1458,30 @@ error:
     return NULL;
 }
 
+/* gc_untrack(obj) -> obj: obj left out of the cyclic GC from now on (if it is a GC type). Only for
+ * objects the caller knows can be in no reference cycle, or whose every way into one tracks them
+ * again first (gc_track): the producer's batches and their answers, which with many topics were
+ * a fifth of a send_async's tracked garbage (producer.py _OpenBatch). */
+static PyObject *n_gc_untrack(PyObject *self, PyObject *obj)
+{
+    if (PyObject_IS_GC(obj) && PyObject_GC_IsTracked(obj))
+        PyObject_GC_UnTrack(obj);
+    return Py_NewRef(obj);
+}
+
+/* gc_track(obj): the cyclic GC sees obj again (a GC type left out by gc_untrack). */
+static PyObject *n_gc_track(PyObject *self, PyObject *obj)
+{
+    if (PyObject_IS_GC(obj) && !PyObject_GC_IsTracked(obj))
+        PyObject_GC_Track(obj);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef batch_slot_methods[] = {
     {"result", (PyCFunction)(void (*)(void))batch_slot_result, METH_FASTCALL | METH_KEYWORDS,
      "result(timeout=None) -> SendResult: the message's result once its batch is answered (else waits)."},
+    {"_track", (PyCFunction)batch_slot_track, METH_NOARGS,
+     "_track(): let the cyclic GC see this slot and its batch (before anything that can put them in a cycle)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1641,6 +1685,9 @@ static PyMethodDef methods[] = {
      "producer.py binds SendFuture's Python result() and SendResult here."},
     {"_bind_received", (PyCFunction)(void (*)(void))n_bind_received, METH_FASTCALL,
      "message.py binds ReceivedMessage and the properties decoder here."},
+    {"gc_untrack", n_gc_untrack, METH_O,
+     "gc_untrack(obj) -> obj, left out of the cyclic GC (only what can be in no cycle until gc_track)."},
+    {"gc_track", n_gc_track, METH_O, "gc_track(obj): the cyclic GC sees obj again."},
     {NULL, NULL, 0, NULL},
 };
 

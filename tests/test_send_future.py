@@ -18,7 +18,7 @@ import pytest
 from equeue_core import record
 from equeue_core.client import AdminClient, Message, Producer
 from equeue_core.client.producer import SendFuture, _PyBatchSlot
-from equeue_core.errors import MessageTooLargeError
+from equeue_core.errors import InvalidMessageError, MessageTooLargeError
 
 BASES = [_PyBatchSlot] + ([record.native_module.BatchSlot] if record.native_module is not None else [])
 
@@ -108,10 +108,100 @@ def test_a_reference_cycle_through_a_send_future_is_collected(base):
     owner, batch = Owner(), Batch()
     batch.callbacks = [owner]  # the batch's future keeps the owner's callback
     owner.futures = [Slot(batch, 0)]
+    owner.futures[0]._track()  # (a compiled slot is born untracked: the next tests)
     gone = weakref.ref(owner)
     del owner, batch
     gc.collect()
     assert gone() is None
+
+
+def _escape_by_callback(future, owner) -> None:
+    owner.futures = [future]
+    future.add_done_callback(owner.on_done)  # the batch's future keeps the callback
+
+
+def _escape_by_raised_error(future, owner) -> None:
+    keep = owner  # this frame, held by the error's traceback, keeps the owner
+    try:
+        future.result(timeout=0)
+    except InvalidMessageError:
+        pass
+    del keep
+
+
+def _escape_by_returned_error(future, owner) -> None:
+    keep = owner
+    error = future.exception(timeout=0)
+    try:
+        raise error
+    except InvalidMessageError:
+        pass
+    del keep
+
+
+@pytest.mark.parametrize("escape", [_escape_by_callback, _escape_by_raised_error, _escape_by_returned_error])
+def test_a_send_future_is_untracked_until_a_call_can_put_it_in_a_cycle_and_such_cycles_are_collected(escape):
+    """A compiled future and its batch are born untracked by the cyclic GC (a producer keeping
+    20k futures paid a full collection every few thousand sends). The batch reaches user objects
+    only through what the future's own calls put there: a done callback, an error raised through
+    result() or returned by exception() and raised (its traceback holds the frames, and they the
+    future). Each of those tracks the future and its batch first, so the cycle it makes is
+    collected."""
+    from equeue_core.client.producer import _OpenBatch
+
+    class Owner:
+        def on_done(self, f) -> None:
+            pass
+
+    compiled = SendFuture.__mro__[1] is not _PyBatchSlot
+    batch = _OpenBatch(0)
+    assert gc.is_tracked(batch) != compiled  # (a batch too: _OpenBatch)
+    if escape is not _escape_by_callback:  # (a callback is kept only while the batch is unanswered)
+        batch.resolve(None, InvalidMessageError("refused"))
+    future, owner = SendFuture(batch, 0), Owner()
+    assert gc.is_tracked(future) != compiled
+    escape(future, owner)
+    assert gc.is_tracked(future) and gc.is_tracked(batch)
+    gone = weakref.ref(owner)
+    del owner, future, batch
+    gc.collect()
+    assert gone() is None, "a cycle through the future was not collected"
+
+
+def test_a_batch_that_fails_is_tracked_again_so_a_cycle_through_its_error_is_collected():
+    """A batch's error raised where the batch is a local (the producer's own send paths) holds
+    that frame in its traceback, and the frame holds the batch: a cycle through the batch alone,
+    which the collector sees because resolve() tracks a failed batch again."""
+    from equeue_core.client.producer import _OpenBatch
+
+    class Owner:
+        pass
+
+    def fail(batch: _OpenBatch, owner: Owner) -> None:
+        keep = owner  # noqa: F841 (held by the frame the traceback keeps)
+        try:
+            raise InvalidMessageError("refused")
+        except InvalidMessageError as e:
+            batch.resolve(None, e)
+
+    batch, owner = _OpenBatch(0), Owner()
+    fail(batch, owner)
+    assert gc.is_tracked(batch)
+    gone = weakref.ref(owner)
+    del batch, owner
+    gc.collect()
+    assert gone() is None, "a cycle through a failed batch was not collected"
+
+
+def test_futures_a_producer_keeps_are_left_out_of_collections_until_they_escape(file_broker):
+    with Producer(file_broker.address) as p:
+        p.send(Message("fut", b"warm-up"))
+        futures = [p.send_async(Message("fut", b"m")) for _ in range(100)]
+        assert all(f.result(timeout=30).topic == "fut" for f in futures)
+        if record.native is not None:  # nor their batches and answers
+            assert not any(gc.is_tracked(o) for f in futures for o in (f, f._batch, f._batch.answer))
+            futures[0].add_done_callback(lambda f: None)
+            assert gc.is_tracked(futures[0]) and not gc.is_tracked(futures[-1])
 
 
 def test_send_future_is_made_on_the_compiled_base_when_the_hot_path_is_built():

@@ -75,13 +75,31 @@ class _Route:
 
 
 _FUTURE_LOCK = threading.Lock()  # a batch's future made on demand, atomically with its outcome
+# Objects left out of the cyclic GC until something can put them in a cycle (_OpenBatch); None:
+# everything stays tracked (EQUEUE_PURE_PYTHON=1 or no C compiler)
+_gc_untrack: Callable[[Any], Any] | None = None
+_gc_track: Callable[[Any], None] | None = None
+if record.native is not None and record.native_module is not None:
+    _gc_untrack, _gc_track = record.native_module.gc_untrack, record.native_module.gc_track
+
+
+def _leave(obj: Any) -> Any:
+    return obj
 
 
 class _OpenBatch:
     """The send_async messages of one frame, and its outcome. The concurrent.futures.Future
     their SendFutures wait on is made only when someone waits (result() before the answer,
     add_done_callback, await): a batch answered before anyone asks costs no Future (with its
-    Condition and lock), which with many topics and small frames was a fifth of the caller's CPU."""
+    Condition and lock), which with many topics and small frames was a fifth of the caller's CPU.
+
+    Left out of the cyclic GC (with the compiled hot path), as its futures are (SendFuture): a
+    producer that keeps its futures keeps their batches, and over 100 topics a batch holds ~10
+    messages, so the batches and their answers were most of what each collection scanned and
+    promoted. What a batch references can be in no cycle (records, ints, strs, the answer, its
+    producer's bound method until it is answered) except its error (a traceback's frames) and
+    its Future's done callbacks: the batch is tracked again when it gets an error (`resolve`),
+    and by SendFuture._track() before a callback or an await is put on its Future."""
 
     __slots__ = ("queue", "parts", "size", "count", "answer", "error", "done", "_future", "waited")
 
@@ -90,7 +108,7 @@ class _OpenBatch:
         # called (on the waiting thread) when someone first waits on the batch before its
         # answer: AsyncProducer._someone_waits sends every gathering batch now
         self.waited = waited
-        self.parts: list[bytes] = []  # the records' buffers (message.append_record)
+        self.parts: list[bytes] | tuple[()] = []  # the records' buffers (message.append_record); () once sent
         self.size = 0
         self.count = 0  # messages in the batch
         # The outcome, set once by resolve() (answer and error before done, so a reader that sees
@@ -99,6 +117,8 @@ class _OpenBatch:
         self.error: BaseException | None = None
         self.done = False
         self._future: concurrent.futures.Future | None = None
+        if _gc_untrack is not None:
+            _gc_untrack(self)
 
     def future(self) -> concurrent.futures.Future:
         """The future of the outcome (made now if nobody asked before; already set if done). The
@@ -127,10 +147,17 @@ class _OpenBatch:
 
     def resolve(self, answer: _BatchAnswer | None, error: BaseException | None) -> None:
         """The outcome (once, on the loop thread): an answer, or the error every message fails with."""
+        if _gc_untrack is not None:
+            if error is not None:  # its traceback's frames may lead back here (see the class)
+                _gc_track(self)
+            if answer is not None:  # strs, ints and a list of ints: in no cycle
+                _gc_untrack(answer)
+                _gc_untrack(answer.positions)
         with _FUTURE_LOCK:
             self.answer = answer
             self.error = error
             self.done = True
+            self.waited = None  # (only asked before the answer) the batch no longer reaches its producer
             f = self._future
         if f is not None:
             self._settle(f)
@@ -143,10 +170,12 @@ class _OpenBatch:
         With many topics a frame carries a hundred small batches, and a lock turn and a call
         each were a third of what the loop thread paid a batch."""
         waited = []
+        untrack = _gc_untrack if _gc_untrack is not None else _leave
         with _FUTURE_LOCK:
             for (key, batch), (first, positions) in zip(items, stored, strict=True):
-                batch.answer = _BatchAnswer(key[0], batch.queue, id_prefix, first, positions)
+                batch.answer = untrack(_BatchAnswer(key[0], batch.queue, id_prefix, first, untrack(positions)))
                 batch.done = True
+                batch.waited = None
                 if batch._future is not None:
                     waited.append(batch)
         for batch in waited:
@@ -231,7 +260,13 @@ def _python_result(future: Any, timeout: float | None = None) -> SendResult:
     batch = future._batch
     answer = batch.answer
     if answer is None:
-        answer = batch.future().result(timeout)
+        try:
+            answer = batch.future().result(timeout)
+        except BaseException:
+            # the error's traceback holds this frame, and so the future: a cycle through it from
+            # its batch (batch.error), which the collector must see (BatchSlot in _native.c)
+            future._track()
+            raise
     return answer.result(future._index)
 
 
@@ -244,6 +279,9 @@ class _PyBatchSlot:
     def __init__(self, batch: _OpenBatch, index: int) -> None:
         self._batch = batch
         self._index = index
+
+    def _track(self) -> None:
+        """The compiled slot's _track(), for the batch: with the Python slot every batch stays tracked."""
 
     result = _python_result
 
@@ -271,20 +309,26 @@ class SendFuture(_BatchSlot):
 
     # result(timeout=None) -> SendResult: the base's (_python_result; in C when built)
 
+    # A compiled slot is born untracked by the cyclic GC (_native.c BatchSlot): every call below
+    # that can put this future in a reference cycle through its batch tracks it first.
+
     def exception(self, timeout: float | None = None) -> BaseException | None:
         batch = self._batch
-        if batch.done:
-            return batch.error
-        return batch.future().exception(timeout)
+        error = batch.error if batch.done else batch.future().exception(timeout)
+        if error is not None:  # raised by the caller, its traceback may hold a frame with this future
+            self._track()
+        return error
 
     def done(self) -> bool:
         return self._batch.done
 
     def add_done_callback(self, fn: Any) -> None:
         """fn(this future) once the message is answered or failed (at once if it is already)."""
+        self._track()  # the batch's Future keeps the callback, which keeps this future
         self._batch.future().add_done_callback(lambda _f: fn(self))
 
     def __await__(self):
+        self._track()  # the awaiting task (this frame) hangs off the batch's Future meanwhile
         answer = yield from asyncio.wrap_future(self._batch.future()).__await__()
         return answer.result(self._index)
 
@@ -694,7 +738,7 @@ class AsyncProducer:
             assert self._loop is not None
             self._loop.call_later(self.linger, self._linger_check, key)
         body = b"".join(batch.parts)
-        batch.parts = []  # the futures keep the batch: not its bytes
+        batch.parts = ()  # the futures keep the batch: not its bytes
         if not self._send_now(key, batch, body):
             self._send_as_task(key, batch, body)
 
@@ -753,7 +797,7 @@ class AsyncProducer:
         in_flight = self._in_flight
         for key, batch in items:
             in_flight[key] = in_flight.get(key, 0) + 1
-            batch.parts = []  # the futures keep the batch: not its bytes
+            batch.parts = ()  # the futures keep the batch: not its bytes
         return True
 
     def _multi_answered(self, items: list[tuple[tuple[str, Any, bool], _OpenBatch]], body: bytes,
@@ -1150,7 +1194,7 @@ class AsyncProducer:
             answer, err = _settled(key[0], batch.queue, fut)
             if err is None or not isinstance(err, TransportError):
                 retry = False
-                batch.parts = []
+                batch.parts = ()
                 self._release(1)
                 batch.resolve(answer, err)
         if retry:
