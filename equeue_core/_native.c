@@ -184,10 +184,10 @@ static void crc_select(void)
 
 /* The Python versions (fallbacks) and the error classes, set by record.py / message.py. */
 enum { FB_SCAN, FB_STAMP_BATCH, FB_INDEX_ENTRIES, FB_INDEX_RUNS, FB_VERIFY, FB_DAMAGE, FB_CRC_SPANS, FB_DECODE_BATCH, FB_ENCODE_RECORD,
-       FB_TAG_HASH, FB_PROPS_ENCODE, FB_MSG_IDS, FB_COUNT };
+       FB_TAG_HASH, FB_PROPS_ENCODE, FB_MSG_IDS, FB_GATHER_RUNS, FB_COUNT };
 static const char *const fb_names[FB_COUNT] = {
     "scan", "stamp_batch", "index_entries", "index_runs", "verify", "damage", "crc_spans", "decode_batch", "encode_record",
-    "tag_hash", "props_encode", "msg_ids",
+    "tag_hash", "props_encode", "msg_ids", "gather_runs",
 };
 static PyObject *fallback[FB_COUNT];
 static PyObject *CorruptRecordError, *InvalidMessageError, *MessageTooLargeError;
@@ -754,6 +754,113 @@ error:
     Py_DECREF(runs);
     PyBuffer_Release(&view);
     return NULL;
+}
+
+/* ------------------------------------------------------------------ gather_runs */
+
+static const char *const gather_kw[] = {"ring", "runs", "page", "held"};
+
+/* Every slot the spans touch holds its page (record.py _spans_held); -1 (no error set) if a slot's
+ * value is not an exact int: the Python version compares it then. */
+static int spans_held(const int64_t *span, Py_ssize_t n, Py_ssize_t page, PyObject *held)
+{
+    Py_ssize_t slots = PyList_GET_SIZE(held);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        for (int64_t k = span[2 * i] / page; k <= (span[2 * i + 1] - 1) / page; k++) {
+            PyObject *v = PyList_GET_ITEM(held, (Py_ssize_t)(k % slots));
+            if (!PyLong_CheckExact(v))
+                return -1;
+            int overflow;
+            long long have = PyLong_AsLongLongAndOverflow(v, &overflow);
+            if (overflow || have != k)
+                return 0;
+        }
+    }
+    return 1;
+}
+
+static PyObject *n_gather_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *a[4];
+    if (parse_args("gather_runs", args, nargs, kwnames, gather_kw, 4, 4, a) < 0)
+        return NULL;
+    Py_ssize_t page;
+    if (!as_ssize(a[2], &page) || page <= 0 || !PyList_CheckExact(a[1]) || !PyList_CheckExact(a[3]))
+        return call_fallback(FB_GATHER_RUNS, args, nargs, kwnames);
+    Py_buffer view;
+    if (!byte_view(a[0], &view, 0))
+        return call_fallback(FB_GATHER_RUNS, args, nargs, kwnames);
+    Py_ssize_t size = view.len, slots = PyList_GET_SIZE(a[3]), n = PyList_GET_SIZE(a[1]);
+    if (slots == 0 || size / slots != page || size % slots != 0) { /* Python words the ValueError */
+        PyBuffer_Release(&view);
+        return call_fallback(FB_GATHER_RUNS, args, nargs, kwnames);
+    }
+    int64_t *span = PyMem_Malloc(sizeof(int64_t) * 2 * (size_t)(n ? n : 1));
+    if (span == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    PyObject *out = NULL;
+    int fallback_now = 0, none = 0;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n && !fallback_now; i++) {
+        PyObject *run = PyList_GET_ITEM(a[1], i);
+        Py_ssize_t start, end;
+        if (!PyTuple_CheckExact(run) || PyTuple_GET_SIZE(run) != 2 || !as_ssize(PyTuple_GET_ITEM(run, 0), &start)
+            || !as_ssize(PyTuple_GET_ITEM(run, 1), &end)) {
+            fallback_now = 1; /* anything but (int, int): Python's unpacking and comparisons decide */
+            break;
+        }
+        if (start < 0 || end <= start || end - start > size - page)
+            none = 1; /* (every span is still parsed: a malformed later one is Python's error) */
+        else
+            total += end - start; /* each at most size: no overflow for any list that fits in memory */
+        span[2 * i] = start;
+        span[2 * i + 1] = end;
+    }
+    if (fallback_now)
+        goto fallback;
+    if (none)
+        goto none;
+    int held = spans_held(span, n, page, a[3]);
+    if (held < 0)
+        goto fallback;
+    if (!held)
+        goto none;
+    if ((out = PyBytes_FromStringAndSize(NULL, total)) == NULL)
+        goto done;
+    char *dst = PyBytes_AS_STRING(out);
+    const char *ring = view.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t len = (Py_ssize_t)(span[2 * i + 1] - span[2 * i]), at = (Py_ssize_t)(span[2 * i] % size);
+        if (at + len <= size) {
+            memcpy(dst, ring + at, (size_t)len);
+        } else {
+            memcpy(dst, ring + at, (size_t)(size - at));
+            memcpy(dst + (size - at), ring, (size_t)(len - (size - at)));
+        }
+        dst += len;
+    }
+    /* Checked again after the copy, as the Python version does: a writer that lapped the ring
+     * meanwhile leaves a slot's page changed (nothing here releases the GIL, but the check does
+     * not lean on that). */
+    if ((held = spans_held(span, n, page, a[3])) != 1) {
+        Py_CLEAR(out);
+        if (held < 0)
+            goto fallback;
+        goto none;
+    }
+    goto done;
+none:
+    out = Py_NewRef(Py_None);
+done:
+    PyMem_Free(span);
+    PyBuffer_Release(&view);
+    return out;
+fallback:
+    PyMem_Free(span);
+    PyBuffer_Release(&view);
+    return call_fallback(FB_GATHER_RUNS, args, nargs, kwnames);
 }
 
 /* ------------------------------------------------------------------ verify, damage */
@@ -1660,6 +1767,8 @@ static PyMethodDef methods[] = {
      "record.stamp_batch, in C."},
     {"index_entries", (PyCFunction)(void (*)(void))n_index_entries, METH_FASTCALL | METH_KEYWORDS,
      "record.index_entries, in C."},
+    {"gather_runs", (PyCFunction)(void (*)(void))n_gather_runs, METH_FASTCALL | METH_KEYWORDS,
+     "record.gather_runs, in C."},
     {"index_runs", (PyCFunction)(void (*)(void))n_index_runs, METH_FASTCALL | METH_KEYWORDS,
      "record.index_runs, in C."},
     {"verify", (PyCFunction)(void (*)(void))n_verify, METH_FASTCALL | METH_KEYWORDS, "record.verify, in C."},

@@ -354,6 +354,50 @@ def iter_records(buf: bytes | bytearray | memoryview) -> Iterator[StoredMessage]
         yield decode(buf, s)
 
 
+def _spans_held(runs: Sequence[tuple[int, int]], page: int, held: Sequence[int]) -> bool:
+    slots = len(held)
+    for start, end in runs:
+        for k in range(start // page, (end - 1) // page + 1):
+            if held[k % slots] != k:
+                return False
+    return True
+
+
+def gather_runs(ring: bytes | bytearray | memoryview, runs: Sequence[tuple[int, int]], page: int,
+                held: Sequence[int]) -> bytes | None:
+    """The log bytes of `runs` (index_runs' [start, end) position spans, in order) joined into one
+    bytes, read out of a paged ring: log byte b lives at ring[b % len(ring)], and the ring is
+    len(held) slots of `page` bytes, slot i holding log page held[i] (position // page; -1: none).
+    None if a span is empty, negative or longer than the ring less a page, or if a slot a span
+    touches does not hold that span's page, before the copy or after it (a writer lapped the ring
+    meanwhile): the caller then reads the spans elsewhere. ValueError if the ring is not
+    len(held) * page bytes.
+
+    Why one call for every span of a pull: over many topics a queue's records lie in the log in
+    runs of a dozen, so a pull of 750 took ~50 ring reads, each with its own checks and copy, and
+    they were most of a broker's pull (docs/benchmarks.md, "A pull's spans out of the ring in one
+    call")."""
+    view = memoryview(ring)
+    size = len(view)
+    if page <= 0 or size != page * len(held):
+        raise ValueError(f"a ring of {size} bytes is not {len(held)} slots of {page} bytes")
+    for start, end in runs:
+        if start < 0 or end - start <= 0 or end - start > size - page:
+            return None
+    if not _spans_held(runs, page, held):
+        return None
+    parts = []
+    for start, end in runs:
+        a = start % size
+        n = end - start
+        if a + n <= size:
+            parts.append(view[a:a + n])
+        else:
+            parts += (view[a:], view[:n - (size - a)])
+    out = b"".join(parts)
+    return out if _spans_held(runs, page, held) else None
+
+
 def header_fields(buf: bytes | bytearray | memoryview, start: int = 0) -> tuple:
     """The fixed header of the record at start, unpacked (see HEADER for the order)."""
     return HEADER.unpack_from(buf, start)
@@ -366,7 +410,8 @@ def header_fields(buf: bytes | bytearray | memoryview, start: int = 0) -> tuple:
 # they replace the module's names here, so `from equeue_core.record import scan` gets the fast one.
 # EQUEUE_PURE_PYTHON=1 keeps the Python ones. IMPLEMENTATION says which is in use.
 
-HOT_PATH = ("scan", "stamp_batch", "index_entries", "index_runs", "verify", "damage", "crc_spans", "encode_record")
+HOT_PATH = ("scan", "stamp_batch", "index_entries", "index_runs", "verify", "damage", "crc_spans", "encode_record",
+            "gather_runs")
 PYTHON_FUNCTIONS = {name: globals()[name] for name in HOT_PATH}
 
 
@@ -390,6 +435,7 @@ if native is not None:
     stamp_batch = native.stamp_batch  # noqa: F811
     index_entries = native.index_entries  # noqa: F811
     index_runs = native.index_runs  # noqa: F811
+    gather_runs = native.gather_runs  # noqa: F811
     verify = native.verify  # noqa: F811
     damage = native.damage  # noqa: F811
     crc_spans = native.crc_spans  # noqa: F811

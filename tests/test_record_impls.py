@@ -406,6 +406,47 @@ def test_index_runs_with_odd_arguments_behaves_as_the_python_one(args):
     both("index_runs", *args)
 
 
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(page=st.integers(1, 64), slots=st.integers(1, 6), lap=st.integers(0, 3), data=st.data())
+def test_gather_runs_reads_the_same_spans_out_of_a_ring_in_both(page, slots, lap, data):
+    """A pull's spans out of a paged ring (store_file's Ring): the same bytes, or None when a span
+    is empty, too long or on a slot that does not hold its page, in both; and what the Python one
+    returns is each span's bytes as one read of the ring would give them."""
+    size = page * slots
+    ring = bytes(random.Random(size * 7 + lap).randrange(256) for _ in range(size))
+    held = [lap * slots + i for i in range(slots)]  # the ring's current lap
+    for i in data.draw(st.lists(st.integers(0, slots - 1), max_size=2)):
+        held[i] = data.draw(st.sampled_from([-1, held[i] - slots, held[i] + slots]))
+    base = lap * size
+    runs = []
+    at = base + data.draw(st.integers(-page, size))
+    for _ in range(data.draw(st.integers(0, 6))):
+        n = data.draw(st.integers(-1, size))
+        runs.append((at, at + n))
+        at += max(n, 0) + data.draw(st.integers(0, page))
+    got = both("gather_runs", ring, runs, page, held)
+    assert got[0] == "ok"
+    want = b""
+    for start, end in runs:
+        if start < 0 or end - start <= 0 or end - start > size - page or any(
+                held[k % slots] != k for k in range(start // page, (end - 1) // page + 1)):
+            want = None
+            break
+        want += bytes(ring[(start + i) % size] for i in range(end - start))
+    assert got[1] == want
+
+
+@pytest.mark.parametrize("args", [
+    (bytes(8), [(0, 2)], 4, [0]), (bytes(8), [(0, 2)], 0, [0, 1]), (bytes(8), [(0, 2)], 4, (0, 1)),
+    (bytes(8), [(0, 2, 3)], 4, [0, 1]), (bytes(8), [(0.0, 2)], 4, [0, 1]), (bytes(8), [[0, 2]], 4, [0, 1]),
+    (bytes(8), [(0, 2)], 4, [0, True]), (bytes(8), [(0, 2)], 4, [0.0, 1]), (bytes(8), [(0, 2)], 4, [2**70, 1]),
+    ("x" * 8, [(0, 2)], 4, [0, 1]), (bytes(8), [(0, 2**70)], 4, [0, 1]), (bytes(8), [(0, 2)], True, [0, 1]),
+    (bytes(8), ((0, 2),), 4, [0, 1]), (memoryview(bytes(8)), [(4, 6), (0, 1)], 4, [0, 1]),
+])
+def test_gather_runs_with_odd_arguments_behaves_as_the_python_one(args):
+    both("gather_runs", *args)
+
+
 @pytest.mark.parametrize("start, limit", [
     (-1, None), (10**6, None), (0, 10**6), (5, 2), (0, 10), (True, None), (0, 2**70), (0.0, None),
 ])

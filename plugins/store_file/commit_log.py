@@ -257,6 +257,11 @@ class CommitLog:
             return data
         return self.read_file(start, end)
 
+    def read_ring(self, runs: list[tuple[int, int]]) -> bytes | None:
+        """The bytes of the spans `runs` joined, if the ring holds every one of them (else None:
+        read them one by one, `read`)."""
+        return self.ring.read_runs(runs)
+
     def read_file(self, start: int, end: int) -> bytes | None:
         """Like read(), but from the chunk file (mmap or pread), never the ring."""
         cs = self.chunk_size

@@ -9,6 +9,8 @@ thread calls write(); any thread may call read().
 
 from __future__ import annotations
 
+from equeue_core.record import gather_runs
+
 from .constants import RING_PAGE
 
 
@@ -94,6 +96,15 @@ class Ring:
         if not self._holds(first, last):
             return None
         return out
+
+    def read_runs(self, runs: list[tuple[int, int]]) -> bytes | None:
+        """The bytes of every log span of `runs` ([start, end), in order) joined, in one call
+        (record.gather_runs, with the same checks as read); None if the ring does not hold them
+        all. A pull over many topics reads dozens of small spans, and one read each was most of
+        the broker's pull."""
+        if not self.size:
+            return None
+        return gather_runs(self.mv, runs, RING_PAGE, self.tags)
 
     def _holds(self, first: int, last: int) -> bool:
         """Every slot for log pages first..last holds exactly that page."""

@@ -635,8 +635,13 @@ class FileMessageStore:
         scan = max_count if tag_hashes is None else max(max_count, _SCAN_WITH_FILTER)
         entries = self.index.read(topic, queue_id, offset, min(scan, hi - offset))
         runs, count, scanned = index_runs(entries, max_count, max_bytes, tag_hashes)
-        parts = []
         verified_from = self._verified_from
+        if len(runs) > 1 and runs[0][0] >= verified_from:  # (ascending: a queue's records are)
+            # many spans (a queue among many topics' records) fresh in the ring: one copy of them all
+            records = self.log.read_ring(runs)
+            if records is not None:
+                return PullResult(records, count, offset + scanned, lo, hi)
+        parts = []
         for a, b in runs:
             data = self.log.read(a, b)
             if data is None:  # deleted by retention meanwhile

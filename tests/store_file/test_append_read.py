@@ -225,6 +225,39 @@ def test_ring_slot_holding_a_newer_lap_is_not_served() -> None:
     assert ring.read(0, 4 * RING_PAGE) is None  # more than the ring can vouch for
 
 
+def test_a_pull_s_spans_come_out_of_the_ring_in_one_read_only_while_the_ring_holds_every_one() -> None:
+    from equeue_plugins.store_file.constants import RING_PAGE
+    from equeue_plugins.store_file.ring import Ring
+
+    ring = Ring(4 * RING_PAGE)
+    data = bytes(range(256)) * (RING_PAGE // 256)
+    for page in range(4):
+        ring.write(page * RING_PAGE, data)
+    runs = [(10, 20), (RING_PAGE - 5, RING_PAGE + 5), (3 * RING_PAGE, 3 * RING_PAGE + 7)]
+    assert ring.read_runs(runs) == b"".join(ring.read(a, b) for a, b in runs)
+    ring.write(4 * RING_PAGE, data)  # the next lap takes slot 0: the first span is gone
+    assert ring.read_runs(runs) is None
+    assert ring.read_runs(runs[1:]) is None  # its second span starts in slot 0 too
+    assert ring.read_runs(runs[2:] + [(4 * RING_PAGE + 1, 4 * RING_PAGE + 3)]) == data[:7] + data[1:3]
+    assert Ring(0).read_runs(runs) is None
+
+
+@pytest.mark.parametrize("ring_bytes", [64 * 1024 * 1024, 4 * 64 * 1024])
+def test_a_queue_among_others_reads_back_its_own_records_in_order_from_the_ring_or_the_chunks(
+        tmp_path, ring_bytes) -> None:
+    """Three queues appended in turn: each queue's records lie in the log in spans of 7, and a
+    pull of one takes many spans (one read out of the ring for all of them while it holds them,
+    the chunks for a ring lapped meanwhile): the same records, in order, either way."""
+    store, _ = open_store(tmp_path, ring_bytes=ring_bytes, chunk_size=1 << 20)
+    for i in range(300):
+        append(store, 7, queue_id=i % 3, body=b"q%d-" % (i % 3) + b"m" * 60, first_number=(i // 3) * 7)
+    for q in range(3):
+        msgs = read_all(store, "t", q)
+        assert [m.queue_offset for m in msgs] == list(range(700))
+        assert [m.body for m in msgs] == [b"q%d-" % q + b"m" * 60 + b"-%d" % n for n in range(700)]
+    store.close()
+
+
 def test_ring_first_write_inside_a_page_does_not_vouch_for_the_bytes_before_it() -> None:
     """After a restart the ring is empty and the first append starts mid-page: the records before
     it in that page were recovered from disk, never written to the ring, and must not be served
@@ -242,7 +275,10 @@ def test_ring_first_write_inside_a_page_does_not_vouch_for_the_bytes_before_it()
     assert ring.read(6 * RING_PAGE, 6 * RING_PAGE + 10) == b"y" * 10  # a page written from its start
 
 
-def test_reads_on_other_threads_never_see_a_torn_record_while_appending(tmp_path) -> None:
+@pytest.mark.parametrize("queues", [1, 2])
+def test_reads_on_other_threads_never_see_a_torn_record_while_appending(tmp_path, queues) -> None:
+    """Readers of queue 0 while appends lap a small ring; with two queues appended in turn a
+    pull of queue 0 is many spans (read out of the ring in one call, record.gather_runs)."""
     import threading
 
     store, _ = open_store(tmp_path, ring_bytes=4 * 64 * 1024)  # a small ring: laps and misses
@@ -278,6 +314,8 @@ def test_reads_on_other_threads_never_see_a_torn_record_while_appending(tmp_path
     try:
         for i in range(300):
             append(store, 20, body=b"m" * 50, first_number=i * 20)
+            if queues > 1:
+                append(store, 20, queue_id=1, body=b"n" * 50)
     finally:
         stop.set()
         for t in threads:
