@@ -375,8 +375,8 @@ def gather_runs(ring: bytes | bytearray | memoryview, runs: Sequence[tuple[int, 
 
     Why one call for every span of a pull: over many topics a queue's records lie in the log in
     runs of a dozen, so a pull of 750 took ~50 ring reads, each with its own checks and copy, and
-    they were most of a broker's pull (docs/benchmarks.md, "A pull's spans out of the ring in one
-    call")."""
+    they were most of a broker's pull (docs/benchmarks.md, "Futures the collector need not count,
+    a pull's spans in one copy")."""
     view = memoryview(ring)
     size = len(view)
     if page <= 0 or size != page * len(held):
