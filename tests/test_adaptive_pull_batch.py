@@ -3,6 +3,8 @@ once the queue is caught up; an explicit pull_batch stays fixed."""
 
 from __future__ import annotations
 
+import pytest
+
 from equeue_core.client import AdminClient, Consumer, Message, Producer
 from equeue_core.client.pull_batch import PULL_BATCH_CEILING, PULL_BATCH_FLOOR, AdaptivePullBatch
 from tests.helpers.counting import CountingHandler
@@ -72,6 +74,35 @@ def test_a_queue_with_a_known_backlog_starts_pulling_at_that_backlog_not_at_the_
     assert b.expect(100) == 100 and b.peak == 100
     assert AdaptivePullBatch().expect(5) == PULL_BATCH_FLOOR
     assert AdaptivePullBatch().expect(10**6) == PULL_BATCH_CEILING
+    # past the ceiling only a backlog that fits `whole` (the push Consumer's flow window) at once
+    assert AdaptivePullBatch(32, 500).expect(750, whole=1000) == 750
+    assert AdaptivePullBatch(32, 500).expect(1001, whole=1000) == 500
+    assert AdaptivePullBatch(32, 500).expect(750) == 500
+    grown = AdaptivePullBatch(32, 500)
+    grown.expect(750, whole=1000)
+    assert grown.update(750, 750, 760) == 500  # more arrived meanwhile: back within the ceiling
+
+
+@pytest.mark.parametrize("backlog, pulls", [(750, 2), (1500, 4)])
+def test_a_consumer_reads_a_backlog_that_fits_its_flow_window_in_one_pull(file_broker, backlog, pulls):
+    """The push Consumer's pull batch stops at half its flow window (1000 messages by default),
+    so that a pull can be in flight while the handler works through the one before. A queue's
+    backlog of 750 has no second pull to overlap: it is read in one (plus the held pull after
+    it), where it took 500 and 250. One larger than the window still goes 500 at a time."""
+    topic = f"backlog{backlog}"
+    with AdminClient(file_broker.address) as admin:
+        admin.create_topic(topic, 1)
+    with Producer(file_broker.address) as p:
+        p.send_batch([Message(topic, b"z" * 10) for _ in range(backlog)])
+    counted = CountingHandler(0)
+    c = Consumer(topic, file_broker.address, consume_from="first", hold_ms=20_000).subscribe(topic)
+    c.start(counted)
+    try:
+        assert wait_until(lambda: counted.seen >= backlog and c.stats["pulls"] >= pulls, timeout=60)
+        assert wait_until(lambda: c._async.queues[(topic, 0)].next_offset == backlog, timeout=10)
+        assert c.stats["pulls"] == pulls, f"{c.stats['pulls']} pulls for {backlog} messages in one queue"
+    finally:
+        c.close()
 
 
 def test_a_consumer_reads_a_queue_of_100_messages_in_one_pull_not_growing_from_32(file_broker):

@@ -438,8 +438,8 @@ class AsyncConsumer:
         topic, q = key
         pq = ProcessQueue(topic, q, offset)
         pq.behind = end > offset
-        if self.pull_batch is None:
-            self._pull_batch_of(pq).expect(end - offset)
+        if self.pull_batch is None:  # a backlog within the queue's flow window: one pull
+            self._pull_batch_of(pq).expect(end - offset, min(PULL_BATCH_CEILING, self.flow[0]))
         pq.last_committed = pq.next_offset
         self.queues[key] = pq
         loop = asyncio.get_running_loop()

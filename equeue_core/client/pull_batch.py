@@ -26,10 +26,15 @@ class AdaptivePullBatch:
         self.size = self.floor
         self.peak = self.floor
 
-    def expect(self, backlog: int) -> int:
+    def expect(self, backlog: int, whole: int = 0) -> int:
         """Before the first pull of a queue known to hold `backlog` messages past the start: ask
-        for all of them at once (within floor..ceiling) rather than growing from the floor."""
-        self.size = min(self.ceiling, max(self.floor, backlog))
+        for all of them at once (within floor..ceiling) rather than growing from the floor. A
+        backlog of at most `whole` is asked for in one pull even past the ceiling: the push
+        Consumer's ceiling is half its flow window so that the next pull can be in flight while
+        the handler works through this one, and a backlog that fits the window has no next pull
+        to overlap, only a second round trip (a pull that costs the consumer ~25-50 µs; over 100
+        topics of 750 messages a queue that was 400 pulls of 2000)."""
+        self.size = backlog if self.ceiling < backlog <= whole else min(self.ceiling, max(self.floor, backlog))
         self.peak = max(self.peak, self.size)
         return self.size
 
