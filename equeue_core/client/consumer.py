@@ -611,7 +611,9 @@ class AsyncConsumer:
         """The queue's pull batch: fixed at `pull_batch` if one was given, else adaptive between
         32 and 1024, and never above half of flow_max_messages: one pull cannot overrun flow
         control, and a full pull leaves room for the next one to be in flight while the handler
-        works through it (at the whole window, pulling and handling took turns)."""
+        works through it (at the whole window, pulling and handling took turns). The one
+        exception is a queue's first pull of a known backlog that fits the window (_add_queue):
+        it takes the whole backlog, as there is no next pull to overlap."""
         if pq.pull_batch is None:
             if self.pull_batch is not None:
                 pq.pull_batch = AdaptivePullBatch(self.pull_batch, self.pull_batch)
