@@ -257,7 +257,8 @@ class PullingHandlerConsumer:
         for chunk, out, base in chunks:
             if not run_handler(self._handler, self.consume_batch_size, chunk, out, base, keep_going=keep_going):
                 return None
-            failed += [m for i, m in enumerate(chunk, base) if out[i] is False]
+            if False in results:  # (rare: only then is the chunk looked through)
+                failed += [m for i, m in enumerate(chunk, base) if out[i] is False]
         return failed
 
     def _park(self, index: int, lp: LitePullConsumer, error: CorruptRecordError) -> None:
