@@ -119,6 +119,7 @@ class _OpenBatch:
         self._future: concurrent.futures.Future | None = None
         if _gc_untrack is not None:
             _gc_untrack(self)
+            _gc_untrack(self.parts)  # only ever bytes
 
     def future(self) -> concurrent.futures.Future:
         """The future of the outcome (made now if nobody asked before; already set if done). The
@@ -337,9 +338,10 @@ class _Sending:
     """The producer's batches out on the loop path (loop thread): those on the task path
     (`_send_open_batch` tasks) and those `_send_now` wrote in the turn that dispatched them, whose
     answers come to a callback (`_answered_now`); flush()'s wait for the latter; the SEND header
-    cache. One object, not producer attributes (see _ThreadLane)."""
+    cache; the bound `_someone_waits` every batch is given. One object, not producer attributes
+    (see _ThreadLane)."""
 
-    __slots__ = ("tasks", "now", "idle", "headers", "multi", "multi_frames")
+    __slots__ = ("tasks", "now", "idle", "headers", "multi", "multi_frames", "waited")
 
     def __init__(self) -> None:
         self.tasks: set[asyncio.Future] = set()  # batches on the task path
@@ -352,6 +354,10 @@ class _Sending:
         # (topic, queue id) -> SEND header and its bytes (_cached_send_header); the blocking
         # Producer's direct sends and thread lane share it
         self.headers: dict[tuple[str, int], tuple[dict[str, Any], bytes]] = {}
+        # AsyncProducer._someone_waits, bound once: a bound method made per batch (over 100
+        # topics one send_async in ten opens a batch) lived until its answer, and was most of
+        # what the collector promoted then (docs/benchmarks.md, "Futures the collector need not count")
+        self.waited: Callable[[], None] | None = None
 
 
 def _settled(topic: str, queue: Any, request: Any) -> tuple[_BatchAnswer | None, BaseException | None]:
@@ -433,6 +439,7 @@ class AsyncProducer:
         self._frames = 0
         self._deferred: dict[tuple[str, Any, bool], None] = {}
         self._sending = _Sending()  # batches out on the loop path
+        self._sending.waited = self._someone_waits
         self._closed = False
         self._lane: _ThreadLane | None = None  # the blocking Producer gives it one (_ThreadLane)
 
@@ -573,7 +580,7 @@ class AsyncProducer:
                 new = True
                 idle = key not in self._in_flight and not self._on_lane(key)
                 batch = open_[key] = _OpenBatch(self._select(route, None) if queue is None else queue,
-                                                self._someone_waits)
+                                                self._sending.waited)
             self._enqueued += 1
             index = batch.count
             batch.count = index + 1
@@ -795,9 +802,12 @@ class AsyncProducer:
         sending.multi_frames += 1
         self._frames += 1
         in_flight = self._in_flight
-        for key, batch in items:
+        untrack = _gc_untrack if _gc_untrack is not None else _leave
+        for item in items:
+            key, batch = item
             in_flight[key] = in_flight.get(key, 0) + 1
             batch.parts = ()  # the futures keep the batch: not its bytes
+            untrack(item)  # (a key of strs and a batch) kept until the answer: nothing to scan
         return True
 
     def _multi_answered(self, items: list[tuple[tuple[str, Any, bool], _OpenBatch]], body: bytes,
