@@ -1411,14 +1411,20 @@ static PyObject *batch_slot_new(PyTypeObject *type, PyObject *args, PyObject *kw
     return (PyObject *)o;
 }
 
+/* The cyclic GC sees obj (a GC type) from now on, if it did not already. */
+static void gc_track_once(PyObject *obj)
+{
+    if (PyObject_IS_GC(obj) && !PyObject_GC_IsTracked(obj))
+        PyObject_GC_Track(obj);
+}
+
 /* BatchSlot._track(): from now on the cyclic GC sees this slot and its batch (which producer.py
  * also leaves out of it until then: _OpenBatch). */
 static PyObject *batch_slot_track(BatchSlotObject *self, PyObject *Py_UNUSED(ignored))
 {
-    if (!PyObject_GC_IsTracked((PyObject *)self))
-        PyObject_GC_Track(self);
-    if (self->batch != NULL && PyObject_IS_GC(self->batch) && !PyObject_GC_IsTracked(self->batch))
-        PyObject_GC_Track(self->batch);
+    gc_track_once((PyObject *)self);
+    if (self->batch != NULL)
+        gc_track_once(self->batch);
     Py_RETURN_NONE;
 }
 
@@ -1579,8 +1585,7 @@ static PyObject *n_gc_untrack(PyObject *self, PyObject *obj)
 /* gc_track(obj): the cyclic GC sees obj again (a GC type left out by gc_untrack). */
 static PyObject *n_gc_track(PyObject *self, PyObject *obj)
 {
-    if (PyObject_IS_GC(obj) && !PyObject_GC_IsTracked(obj))
-        PyObject_GC_Track(obj);
+    gc_track_once(obj);
     Py_RETURN_NONE;
 }
 

@@ -695,8 +695,6 @@ class AsyncConsumer:
         at a time, just before its messages are handed out."""
         if type(msgs) is PulledBatch:
             for chunk, out, base in decoded_chunks(msgs, self.consume_batch_size, results):
-                if halt is not None:  # what the tag filter dropped is finished, not handled
-                    halt.skipped = msgs.dropped
                 if not self._run_messages(chunk, out, base, stop_on_failure, keep_going, halt):
                     return
             return
@@ -948,9 +946,7 @@ class AsyncConsumer:
         while len(pending) < want and pq.batches:
             batch = pq.batches[0]
             upto = min(len(batch), batch.cursor + want - len(pending))
-            msgs = batch.decode(batch.cursor, upto)
-            if batch.tags is not None:  # what it drops, finish_batch finishes with the rest
-                msgs = [m for m in msgs if m.tag in batch.tags]
+            msgs = batch.decode_kept(batch.cursor, upto)  # finish_batch finishes what it drops
             pq.finish_batch(batch, upto, msgs)
             pending.extend(msgs)
 

@@ -82,7 +82,7 @@ from typing import Any
 
 from equeue_core.client.message import ReceivedMessage
 from equeue_core.client.process_queue import ProcessQueue
-from equeue_core.client.pulled_batch import PulledBatch
+from equeue_core.client.pulled_batch import PulledBatch, dropped
 
 BLOCK_MIN_S = 0.001  # two batches in a row this long, the process at under a quarter CPU: handlers wait
 RESCUE_S = 0.01  # queues in line and no batch finished for this long: workers take them
@@ -100,7 +100,7 @@ class BatchRun:
     `skipped`: how many of the True ones never reached the handler (a tag filter left them out);
     they are finished, but not counted as handled."""
 
-    __slots__ = ("pq", "msgs", "results", "started", "expired", "halted", "skipped")
+    __slots__ = ("pq", "msgs", "results", "started", "expired", "halted")
 
     def __init__(self, pq: ProcessQueue, msgs: Batch) -> None:
         self.pq = pq
@@ -109,7 +109,10 @@ class BatchRun:
         self.started = time.monotonic()
         self.expired = False
         self.halted = False
-        self.skipped = 0
+
+    @property
+    def skipped(self) -> int:
+        return dropped(self.msgs)
 
 
 class _Worker:

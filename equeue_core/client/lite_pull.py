@@ -572,7 +572,8 @@ class LitePullConsumer:
             if raw and count > DECODE_CHUNK:  # stays bytes (_poll_batch), filtered as it is decoded
                 msgs = PulledBatch(frame.body, self._id_prefix or "", queue.tags)
             elif not raw and count > self.max_poll_records:  # the first part now, the rest later
-                self._rest = _Rest(queue, PulledBatch(frame.body, self._id_prefix or ""), queue.next_offset)
+                self._rest = _Rest(queue, PulledBatch(frame.body, self._id_prefix or "", queue.tags),
+                                   queue.next_offset)
                 msgs = self._rest_next()
             else:
                 msgs = decode_batch(frame.body, self._id_prefix or "")
@@ -594,14 +595,11 @@ class LitePullConsumer:
         assert rest is not None
         queue, batch = rest.queue, rest.batch
         n = len(batch)
-        tags = queue.tags
         msgs: list[ReceivedMessage] = []
         while not msgs and rest.index < n:
             i = rest.index
             j = rest.index = min(n, i + self.max_poll_records)
-            msgs = batch.decode(i, j)
-            if tags is not None:
-                msgs = [m for m in msgs if m.tag in tags]
+            msgs = batch.decode_kept(i, j)
         if rest.index < n:
             queue.returned = batch.offset_at(rest.index)
         else:

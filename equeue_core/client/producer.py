@@ -75,16 +75,18 @@ class _Route:
 
 
 _FUTURE_LOCK = threading.Lock()  # a batch's future made on demand, atomically with its outcome
-# Objects left out of the cyclic GC until something can put them in a cycle (_OpenBatch); None:
-# everything stays tracked (EQUEUE_PURE_PYTHON=1 or no C compiler)
-_gc_untrack: Callable[[Any], Any] | None = None
-_gc_track: Callable[[Any], None] | None = None
-if record.native is not None and record.native_module is not None:
-    _gc_untrack, _gc_track = record.native_module.gc_untrack, record.native_module.gc_track
 
 
 def _leave(obj: Any) -> Any:
     return obj
+
+
+# Objects left out of the cyclic GC until something can put them in a cycle (_OpenBatch); with
+# EQUEUE_PURE_PYTHON=1 (or no C compiler) everything stays tracked
+_gc_untrack: Callable[[Any], Any] = _leave
+_gc_track: Callable[[Any], Any] = _leave
+if record.native is not None and record.native_module is not None:
+    _gc_untrack, _gc_track = record.native_module.gc_untrack, record.native_module.gc_track
 
 
 class _OpenBatch:
@@ -117,9 +119,8 @@ class _OpenBatch:
         self.error: BaseException | None = None
         self.done = False
         self._future: concurrent.futures.Future | None = None
-        if _gc_untrack is not None:
-            _gc_untrack(self)
-            _gc_untrack(self.parts)  # only ever bytes
+        _gc_untrack(self)
+        _gc_untrack(self.parts)  # only ever bytes
 
     def future(self) -> concurrent.futures.Future:
         """The future of the outcome (made now if nobody asked before; already set if done). The
@@ -148,12 +149,11 @@ class _OpenBatch:
 
     def resolve(self, answer: _BatchAnswer | None, error: BaseException | None) -> None:
         """The outcome (once, on the loop thread): an answer, or the error every message fails with."""
-        if _gc_untrack is not None:
-            if error is not None:  # its traceback's frames may lead back here (see the class)
-                _gc_track(self)
-            if answer is not None:  # strs, ints and a list of ints: in no cycle
-                _gc_untrack(answer)
-                _gc_untrack(answer.positions)
+        if error is not None:  # its traceback's frames may lead back here (see the class)
+            _gc_track(self)
+        if answer is not None:  # strs, ints and a list of ints: in no cycle
+            _gc_untrack(answer)
+            _gc_untrack(answer.positions)
         with _FUTURE_LOCK:
             self.answer = answer
             self.error = error
@@ -171,7 +171,7 @@ class _OpenBatch:
         With many topics a frame carries a hundred small batches, and a lock turn and a call
         each were a third of what the loop thread paid a batch."""
         waited = []
-        untrack = _gc_untrack if _gc_untrack is not None else _leave
+        untrack = _gc_untrack
         with _FUTURE_LOCK:
             for (key, batch), (first, positions) in zip(items, stored, strict=True):
                 batch.answer = untrack(_BatchAnswer(key[0], batch.queue, id_prefix, first, untrack(positions)))
@@ -802,7 +802,7 @@ class AsyncProducer:
         sending.multi_frames += 1
         self._frames += 1
         in_flight = self._in_flight
-        untrack = _gc_untrack if _gc_untrack is not None else _leave
+        untrack = _gc_untrack
         for item in items:
             key, batch = item
             in_flight[key] = in_flight.get(key, 0) + 1

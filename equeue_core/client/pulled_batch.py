@@ -68,9 +68,21 @@ class PulledBatch:
         end = starts[j] if j < len(starts) else self.nbytes
         return decode_batch(self.buf[starts[i]:end], self.id_prefix)
 
+    def decode_kept(self, i: int, j: int) -> list[ReceivedMessage]:
+        """The records of [i, j) the batch's tag filter keeps, decoded (all of them without one);
+        what it drops, the caller finishes with the rest."""
+        msgs = self.decode(i, j)
+        tags = self.tags
+        return msgs if tags is None else [m for m in msgs if m.tag in tags]
+
     def offset_at(self, i: int) -> int:
         """Record i's queue offset."""
         return _QUEUE_OFFSET.unpack_from(self.buf, self.starts[i] + _QUEUE_OFFSET_AT)[0]
+
+
+def dropped(msgs: list[ReceivedMessage] | PulledBatch) -> int:
+    """How many of a batch's records the tag filter left out so far (finished, not handled)."""
+    return msgs.dropped if type(msgs) is PulledBatch else 0
 
 
 class ResultsAt:

@@ -48,7 +48,7 @@ from equeue_core.client.consumer import AsyncConsumer, checked_backlog_queues, r
 from equeue_core.client.lite_pull import LitePullConsumer, QueueKey, _Membership, _no_handler
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage
-from equeue_core.client.pulled_batch import PulledBatch, decoded_chunks
+from equeue_core.client.pulled_batch import PulledBatch, decoded_chunks, dropped
 from equeue_core.errors import ClientClosedError, ConfigError, CorruptRecordError, EQueueError
 
 log = logging.getLogger("equeue.consumer")
@@ -234,7 +234,7 @@ class PullingHandlerConsumer:
             if failed is None:
                 break
             # (what a tag filter dropped is finished, not handled)
-            self._handled[index] += len(msgs) - len(failed) - (msgs.dropped if type(msgs) is PulledBatch else 0)
+            self._handled[index] += len(msgs) - len(failed) - dropped(msgs)
             self._failed[index] += len(failed)
             msgs = [m for m in failed if not self._send_back(m)]  # those the broker did not take
             if not msgs:

@@ -102,8 +102,6 @@ class Ring:
         (record.gather_runs, with the same checks as read); None if the ring does not hold them
         all. A pull over many topics reads dozens of small spans, and one read each was most of
         the broker's pull."""
-        if not self.size:
-            return None
         return gather_runs(self.mv, runs, RING_PAGE, self.tags)
 
     def _holds(self, first: int, last: int) -> bool:
