@@ -59,8 +59,8 @@ from bench.peers.common import (  # noqa: E402
     slow_summary,
     stamp,
     summary,
-    thread_cpu_seconds,
 )
+from bench.thread_cpu import thread_cpu_s  # noqa: E402
 from equeue_core.client.loop import LOOP_THREAD_NAME  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
 
@@ -129,14 +129,6 @@ def _process_cost(before: resource.struct_rusage, after: resource.struct_rusage,
     switches = (after.ru_nvcsw + after.ru_nivcsw) - (before.ru_nvcsw + before.ru_nivcsw)
     return {"consumer_cpu_us_per_msg": round(cpu / max(1, n) * 1e6, 1),
             "consumer_switches_per_msg": round(switches / max(1, n), 2)}
-
-
-def thread_cpu_s(name: str) -> float:
-    """The CPU time so far of this process's thread called `name`; 0.0 if there is none."""
-    for t in threading.enumerate():
-        if t.name == name and t.native_id is not None:
-            return thread_cpu_seconds("self", t.native_id)
-    return 0.0
 
 
 def run(address: str, offset_dir: str, group: str, count: int, rate: int, threads: int,

@@ -18,7 +18,11 @@ collection stops every thread of the process). `broker_minor_faults_consume` cou
 broker touched for the first time while the consumer drained the case (answers built into fresh
 memory). Then a LitePullConsumer (group of its own) drains the same messages again:
 `consume_lite_msgs_per_s`, its CPU and the broker's (`consumer_lite`, `broker_consume_lite`) and
-`broker_minor_faults_consume_lite`.
+`broker_minor_faults_consume_lite`. `producer_threads_ms` and `consumer_threads_ms`: each
+process's time in ms by thread (`caller`, the client's `loop` thread, the push Consumer's
+`handlers`; bench/thread_cpu.py), `cpu` on a CPU and `runq` runnable but waiting for one. The
+threads of a process share one GIL, so their `cpu` summed bounds its rate, and the part that
+grows with the queue count shows where a case's time went.
 
 Then (`--paced-seconds`, default 3 s) `send_async` paced at `--paced-rate` msg/s (50k) in bursts of
 50, round robin over 100 topics of 4 queues, every queue written once first (bench
@@ -56,6 +60,7 @@ from bench.answer_window import AnswerWindow  # noqa: E402
 from bench.child import role_result  # noqa: E402
 from bench.gc_pauses import GcPauses  # noqa: E402
 from bench.peers.common import summary  # noqa: E402
+from bench.thread_cpu import ThreadCpu  # noqa: E402
 from tests.helpers.broker import BrokerProcess  # noqa: E402
 from tests.helpers.counting import CountingHandler  # noqa: E402
 
@@ -110,13 +115,16 @@ def role_produce(address: str, topics: list[str], count: int, size: int) -> dict
             p.send(Message(t, body))  # routes, not timed
         start = time.perf_counter()
         cpu = time.process_time()
+        threads = ThreadCpu()
         window = AnswerWindow()
         for i in range(count):
             window.add(p.send_async(Message(topics[i % len(topics)], body)))
         window.drain()
         elapsed = time.perf_counter() - start
         cpu = time.process_time() - cpu
-    return {"count": count, "seconds": elapsed, "msgs_per_s": count / elapsed, "cpu_seconds": cpu}
+        threads_ms = threads.stop()
+    return {"count": count, "seconds": elapsed, "msgs_per_s": count / elapsed, "cpu_seconds": cpu,
+            "threads_ms": threads_ms}
 
 
 def role_consume(address: str, topics: list[str], count: int, offset_dir: str, queues: int,
@@ -132,6 +140,7 @@ def role_consume(address: str, topics: list[str], count: int, offset_dir: str, q
     start = time.perf_counter()
     cpu = time.process_time()
     pauses = GcPauses()
+    threads = ThreadCpu()
     c.start(handler)
     # the one-time cost: until the consumer holds every queue (start offsets asked, pulls begun)
     deadline = start + 600
@@ -144,9 +153,10 @@ def role_consume(address: str, topics: list[str], count: int, offset_dir: str, q
     steady = time.perf_counter() - assigned
     cpu = time.process_time() - cpu
     gc_pauses = pauses.stop()
+    threads_ms = threads.stop()
     c.close()
     return {"count": handler.seen, "seconds": elapsed, "msgs_per_s": handler.seen / elapsed,
-            "start_seconds": assigned - start, "cpu_seconds": cpu, "gc": gc_pauses,
+            "start_seconds": assigned - start, "cpu_seconds": cpu, "gc": gc_pauses, "threads_ms": threads_ms,
             # None: every message was consumed before the consumer held its last queue
             "steady_msgs_per_s": (handler.seen - seen_assigned) / steady if seen_assigned < count else None}
 
@@ -223,6 +233,10 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int, pull
                 "broker_minor_faults_consume_lite": faults4 - faults3,
                 # the consumer process's garbage collections during its drain (bench/gc_pauses.py)
                 "consumer_gc": cons["gc"], "consumer_lite_gc": lite["gc"],
+                # the producer's and the consumer's time by thread (bench/thread_cpu.py): their
+                # threads share one GIL, so the sum is the bound, and the part that grows with
+                # the queue count says where
+                "producer_threads_ms": prod["threads_ms"], "consumer_threads_ms": cons["threads_ms"],
                 "consumed": cons["count"], "consumed_lite": lite["count"],
                 "backlog_queues_peak_lite": lite["backlog_queues_peak"], "rss_mb_start": round(rss_start / 1024, 1),
                 "rss_mb_after": round(rss_consumed / 1024, 1),

@@ -17,6 +17,11 @@ def test_one_small_case_without_the_connection_figure():
     for key in ("produce_msgs_per_s", "consume_msgs_per_s", "consume_lite_msgs_per_s"):
         assert row[key] > 0, (key, row)
     assert all(v >= 0 for v in row["cpu_us_per_msg"].values()), row
+    # each process's time by thread: the producer's caller sent, the consumer's loop thread
+    # pulled and its handler threads ran the handler
+    assert row["producer_threads_ms"]["cpu"]["caller"] > 0, row
+    assert row["consumer_threads_ms"]["cpu"]["loop"] > 0, row
+    assert row["consumer_threads_ms"]["cpu"]["handlers"] > 0, row
 
 
 def test_the_paced_many_topic_case_alone():
