@@ -38,6 +38,11 @@ work a send waits for that grows with the queue count.
 
     .venv/bin/python -m bench.bench_queues                 # 100k messages a case
     .venv/bin/python -m bench.bench_queues --count 20000 --connections 200
+    .venv/bin/python -m bench.bench_queues --count 300000 --rounds 5 --sync-seconds 0 --connections 0 --paced-seconds 0
+
+`--rounds N` runs the cases round after round and ends with one "queues_ratio" row per case:
+the median of each rate, and its ratio to the 4-queue case of the same round (median, lowest,
+highest). One round's ratio moves with the machine's minute; the medians of five do less.
 
 Not a test: nothing here asserts a time.
 """
@@ -47,7 +52,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -184,10 +191,14 @@ def role_consume_lite(address: str, topics: list[str], count: int) -> dict:
             "backlog_queues_peak": c.stats["backlog_queues_peak"]}
 
 
-def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int, pulling: bool = False) -> dict:
+def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int, pulling: bool = False,
+             round_no: int = 0) -> dict:
+    """One case in a fresh broker: a data dir of its own (per round: never one a round before
+    filled), removed afterwards."""
     from equeue_core.client import AdminClient
 
-    b = BrokerProcess(tmp / f"data-{n_topics}-{queues}", flush="async").start()
+    data = tmp / f"data-{n_topics}-{queues}-r{round_no}"
+    b = BrokerProcess(data, flush="async").start()
     try:
         pid = b.proc.pid
         with AdminClient(b.address) as admin:
@@ -206,7 +217,7 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int, pull
         rss_produced = settled_rss_kb(pid)
         cpu2 = cpu_seconds(pid)
         faults2 = minor_faults(pid)
-        cons = _child(["consume", b.address, ",".join(topics), str(count), str(tmp / f"offsets-{label}"),
+        cons = _child(["consume", b.address, ",".join(topics), str(count), str(tmp / f"offsets-{label}-r{round_no}"),
                        str(total), "pulling" if pulling else "loop"])
         cpu3 = cpu_seconds(pid)
         faults3 = minor_faults(pid)
@@ -245,6 +256,33 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int, pull
                 "rss_mb_after_produce": round(rss_produced / 1024, 1)}
     finally:
         b.stop()
+        shutil.rmtree(data, ignore_errors=True)
+        shutil.rmtree(tmp / f"offsets-{label}-r{round_no}", ignore_errors=True)
+
+
+RATES = ("produce_msgs_per_s", "consume_msgs_per_s", "consume_lite_msgs_per_s")
+
+
+def ratio_rows(rows: list[dict]) -> list[dict]:
+    """Per case over its rounds (bench "queues_ratio"): each rate's median, and its ratio to the
+    4-queue case of the same round (median, lowest, highest). A round's cases run one after
+    another, so a ratio within a round shares that minute's machine; the 4-queue rate swings
+    from minute to minute as much as the cases differ (docs/benchmarks.md, "Where a many-queue
+    drain's time goes"). Empty without the 4-queue case."""
+    base = {row["round"]: row for row in rows if row["queues"] == 4 and row["topics"] == 1}
+    if not base:
+        return []
+    out = []
+    for label in dict.fromkeys(row["case"] for row in rows):
+        mine = [row for row in rows if row["case"] == label]
+        result: dict = {"bench": "queues_ratio", "case": label, "rounds": len(mine)}
+        for key in RATES:
+            result[key] = round(statistics.median(row[key] for row in mine), 1)
+            ratios = sorted(row[key] / base[row["round"]][key] for row in mine if row["round"] in base)
+            result[key.replace("_msgs_per_s", "_vs_4_queues")] = {
+                "median": round(statistics.median(ratios), 3), "low": round(ratios[0], 3), "high": round(ratios[-1], 3)}
+        out.append(result)
+    return out
 
 
 PACED_TOPICS = 100
@@ -426,16 +464,25 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--paced-seconds", type=float, default=3.0,
                    help="send_async paced over 100 topics for this long (0: skip)")
     p.add_argument("--paced-rate", type=int, default=50_000, help="the paced case's msg/s")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the cases this many times, round after round, then one queues_ratio row per case")
     p.add_argument("--pull-in-handler-threads", action="store_true",
                    help="the push Consumer drains with pull_in_handler_threads=True (consumer_model: pulling)")
     args = p.parse_args(argv)
     wanted = set(args.cases.split(",")) if args.cases else None
     with tempfile.TemporaryDirectory(prefix="equeue-bench-queues-") as tmp:
-        for label, n_topics, queues in CASES:
-            key = "100topics" if n_topics > 1 else str(queues)
-            if wanted and key not in wanted:
-                continue
-            emit(run_case(Path(tmp), label, n_topics, queues, args.count, args.pull_in_handler_threads))
+        rows = []
+        for r in range(max(1, args.rounds)):
+            for label, n_topics, queues in CASES:
+                key = "100topics" if n_topics > 1 else str(queues)
+                if wanted and key not in wanted:
+                    continue
+                rows.append({**run_case(Path(tmp), label, n_topics, queues, args.count, args.pull_in_handler_threads, r),
+                             "round": r})
+                emit(rows[-1])
+        if args.rounds > 1:
+            for row in ratio_rows(rows):
+                emit(row)
         if args.paced_seconds > 0:
             emit(run_paced(Path(tmp), args.paced_rate, args.paced_seconds))
             emit(run_paced(Path(tmp), args.paced_rate, args.paced_seconds, warm=False))

@@ -37,3 +37,29 @@ def test_the_paced_many_topic_case_alone():
         assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"] <= row["max_ms"]
         assert row["cpu_us_per_msg"]["producer"] > 0 and row["cpu_us_per_msg"]["broker"] > 0
         assert row["create_topics_s"] > 0
+
+
+def test_rounds_run_each_case_again_and_end_with_ratio_rows():
+    """Each round's row of a case is its own drain, and the queues_ratio row compares each
+    round with the 4-queue case of the same round."""
+    rows = bench_rows("bench.bench_queues", "--count", "1000", "--cases", "4", "--rounds", "2", "--connections", "0",
+                      "--sync-seconds", "0", "--paced-seconds", "0")
+    assert [(row["bench"], row.get("round")) for row in rows] == [("queues", 0), ("queues", 1), ("queues_ratio", None)]
+    assert [row["consumed"] for row in rows[:2]] == [1001, 1001]  # and the producer's routing send
+    ratio = rows[2]
+    assert ratio["rounds"] == 2 and ratio["consume_vs_4_queues"] == {"median": 1.0, "low": 1.0, "high": 1.0}
+
+
+def test_ratio_rows_take_each_round_against_its_own_4_queue_case():
+    from bench.bench_queues import ratio_rows
+
+    def row(case: str, queues: int, r: int, rate: float) -> dict:
+        return {"case": case, "topics": 1, "queues": queues, "round": r, "produce_msgs_per_s": rate,
+                "consume_msgs_per_s": rate, "consume_lite_msgs_per_s": rate}
+
+    rows = [row("4", 4, 0, 100.0), row("1000", 1000, 0, 80.0), row("4", 4, 1, 200.0), row("1000", 1000, 1, 180.0),
+            row("4", 4, 2, 100.0), row("1000", 1000, 2, 70.0)]
+    by_case = {r["case"]: r for r in ratio_rows(rows)}
+    assert by_case["1000"]["consume_msgs_per_s"] == 80.0  # the median rate
+    assert by_case["1000"]["consume_vs_4_queues"] == {"median": 0.8, "low": 0.7, "high": 0.9}
+    assert ratio_rows([row("1000", 1000, 0, 80.0)]) == []  # no 4-queue case: nothing to compare with
