@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 
-from bench.peers.common import thread_cpu_seconds
+from bench.peers.common import thread_cpu_seconds, thread_schedstat
 from equeue_core.client.loop import LOOP_THREAD_NAME
 
 
@@ -52,12 +52,9 @@ class ThreadCpu:
     def _read() -> dict[int, tuple[int, int]]:
         counters = {}
         for tid in os.listdir("/proc/self/task"):
-            try:
-                with open(f"/proc/self/task/{tid}/schedstat") as f:
-                    on_cpu, waiting = f.read().split()[:2]
-            except (OSError, ValueError):  # ended meanwhile
-                continue
-            counters[int(tid)] = (int(on_cpu), int(waiting))
+            read = thread_schedstat("self", tid)
+            if read is not None:  # (None: ended meanwhile)
+                counters[int(tid)] = read
         return counters
 
     def stop(self) -> dict[str, dict[str, float]]:

@@ -118,14 +118,21 @@ def tree_cpu_seconds(pid: int | None) -> float | None:
     return total
 
 
-def thread_cpu_seconds(pid: int | str, tid: int | str) -> float:
-    """One thread's time on a CPU so far, from its scheduler's nanosecond counter
-    (/proc/<pid>/task/<tid>/schedstat); 0.0 once it is gone."""
+def thread_schedstat(pid: int | str, tid: int | str) -> tuple[int, int] | None:
+    """One thread's scheduler counters so far, in nanoseconds: (time on a CPU, time runnable but
+    waiting for one), from /proc/<pid>/task/<tid>/schedstat; None once it is gone."""
     try:
         with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-            return int(f.read().split()[0]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
+            on_cpu, waiting = f.read().split()[:2]
+        return int(on_cpu), int(waiting)
+    except (OSError, ValueError):
+        return None
+
+
+def thread_cpu_seconds(pid: int | str, tid: int | str) -> float:
+    """One thread's time on a CPU so far (`thread_schedstat`); 0.0 once it is gone."""
+    counters = thread_schedstat(pid, tid)
+    return 0.0 if counters is None else counters[0] / 1e9
 
 
 class ServerProcess:
