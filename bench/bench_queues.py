@@ -226,7 +226,7 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int, pull
         cpu4 = cpu_seconds(pid)
         faults4 = minor_faults(pid)
         us = 1e6 / count
-        return {"bench": "queues", "case": label, "consumer_model": "pulling" if pulling else "loop",
+        return {"bench": "queues", "case": label, "round": round_no, "consumer_model": "pulling" if pulling else "loop",
                 "topics": n_topics, "queues_per_topic": queues,
                 "queues": total, "count": count, "size": 100,
                 "produce_msgs_per_s": round(prod["msgs_per_s"], 1), "consume_msgs_per_s": round(cons["msgs_per_s"], 1),
@@ -469,16 +469,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pull-in-handler-threads", action="store_true",
                    help="the push Consumer drains with pull_in_handler_threads=True (consumer_model: pulling)")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     wanted = set(args.cases.split(",")) if args.cases else None
     with tempfile.TemporaryDirectory(prefix="equeue-bench-queues-") as tmp:
         rows = []
-        for r in range(max(1, args.rounds)):
+        for r in range(args.rounds):
             for label, n_topics, queues in CASES:
                 key = "100topics" if n_topics > 1 else str(queues)
                 if wanted and key not in wanted:
                     continue
-                rows.append({**run_case(Path(tmp), label, n_topics, queues, args.count, args.pull_in_handler_threads, r),
-                             "round": r})
+                rows.append(run_case(Path(tmp), label, n_topics, queues, args.count, args.pull_in_handler_threads, r))
                 emit(rows[-1])
         if args.rounds > 1:
             for row in ratio_rows(rows):

@@ -74,28 +74,15 @@ class Ring:
         self.tags = [-1] * self.pages
 
     def read(self, start: int, end: int) -> bytes | None:
-        """The bytes of log positions [start, end), or None if the ring no longer holds them all.
+        """The bytes of log positions [start, end), or None if the ring no longer holds them all
+        (record.gather_runs over the one span: the same checks and copy as read_runs).
 
         Every slot the read touches is checked, before and after the copy (a writer that lapped
         us meanwhile). Checking only the first and last slot is not enough: positions are not
         contiguous across a chunk roll (the writer skips the rest of a chunk), so a newer lap can
         land on a middle slot without passing the first one, and the copy would be torn.
         """
-        n = end - start
-        if n <= 0 or n > self.size - RING_PAGE:
-            return None
-        first = start // RING_PAGE
-        last = (end - 1) // RING_PAGE
-        if not self._holds(first, last):
-            return None
-        a = start % self.size
-        if a + n <= self.size:
-            out = self.mv[a:a + n].tobytes()
-        else:
-            out = self.mv[a:].tobytes() + self.mv[:n - (self.size - a)].tobytes()
-        if not self._holds(first, last):
-            return None
-        return out
+        return gather_runs(self.mv, [(start, end)], RING_PAGE, self.tags)
 
     def read_runs(self, runs: list[tuple[int, int]]) -> bytes | None:
         """The bytes of every log span of `runs` ([start, end), in order) joined, in one call
@@ -103,12 +90,3 @@ class Ring:
         all. A pull over many topics reads dozens of small spans, and one read each was most of
         the broker's pull."""
         return gather_runs(self.mv, runs, RING_PAGE, self.tags)
-
-    def _holds(self, first: int, last: int) -> bool:
-        """Every slot for log pages first..last holds exactly that page."""
-        tags = self.tags
-        pages = self.pages
-        for k in range(first, last + 1):
-            if tags[k % pages] != k:
-                return False
-        return True
