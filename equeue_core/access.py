@@ -23,6 +23,7 @@ NEEDS: dict[int, str] = {
     Code.SEND_MULTI: TOPIC,     # every section's topic (a tuple of names, see needs)
     Code.ROUTE: ANY,            # TOPIC when it asks to create the topic
     Code.PULL: GROUP,
+    Code.PULL_MULTI: GROUP,
     Code.COMMIT_OFFSETS: GROUP,
     Code.QUERY_OFFSET: GROUP,
     Code.HEARTBEAT: GROUP,
@@ -79,7 +80,7 @@ def needs(code: int, header: dict[str, Any]) -> tuple[str, Any]:
     kind = NEEDS.get(code, ADMIN)
     if code == Code.SEND_MULTI:
         return kind, multi_send_topics(header)
-    if code == Code.PULL and header.get("group") == ADMIN_READER_GROUP:
+    if code in (Code.PULL, Code.PULL_MULTI) and header.get("group") == ADMIN_READER_GROUP:
         kind = ADMIN  # AdminClient.read_queue: inspecting any queue (DLQs, `equeue message`) is admin
     if code == Code.ROUTE and header.get("create"):
         kind = TOPIC

@@ -49,6 +49,12 @@ class Code(IntEnum):
                          #   connections, scheduled, retention_released_bytes, recovery, latency, disk}
                          #   @ BrokerMetrics.on_broker_stats (docs/operations.md)
     SKIP_RECORD = 31     # {group, topic, queue_id, offset} -> {skipped, next_offset, previous, corrupt}
+    # consumer, many queues at once
+    PULL_MULTI = 32      # {group, pulls: [[topic, queue_id, offset, max_count, tags | nil], ...], strict?}
+                         #   -> {results: [[status, next_offset, min_offset, max_offset, count, length]
+                         #   | {error, message, details}, ...]} + body: each result's records, back to back;
+                         #   never held; fewer results than pulls: the rest were not read (the answer's
+                         #   byte budget)  @ Broker.on_pull_multi (broker/multi_pull.py)
     # name server (equeue nameserver; docs/cluster.md); a broker answers these with unknown_request
     REGISTER_BROKER = 40    # {cluster, name, address, data_version, topics: {name: {queues, perm}}}
                             #   -> {cluster, name, expiry_s}; broker_name_conflict if the name is taken
@@ -79,6 +85,9 @@ class Code(IntEnum):
 # Sections one SEND_MULTI may carry (the broker refuses more with `protocol`; a producer packs no
 # more than this into one frame)
 MAX_MULTI_SECTIONS = 4096
+
+# Queues one PULL_MULTI may ask for (the broker refuses more with `protocol`)
+MAX_PULL_SECTIONS = 64
 
 
 class PullStatus:

@@ -187,6 +187,7 @@ def test_a_group_outside_the_accounts_rights_cannot_pull_or_commit(acl_broker):
 
     for code, header in ((Code.PULL, {"group": "other", "topic": "orders.eu", "queue_id": 0, "offset": 0,
                                       "hold_ms": 0}),
+                         (Code.PULL_MULTI, {"group": "other", "pulls": [["orders.eu", 0, 0, 5, None]]}),
                          (Code.COMMIT_OFFSETS, {"group": "other", "offsets": [["orders.eu", 0, 5]]}),
                          (Code.HEARTBEAT, {"group": "other", "client_id": "c", "mode": "clustering",
                                            "subscriptions": {"orders.eu": "*"}})):
@@ -312,16 +313,18 @@ def test_lite_pull_consumer_signs_its_pulls_and_commits_and_a_wrong_secret_is_re
     from equeue_core.client import LitePullConsumer
 
     with Producer(acl_broker.address, access_key=ADMIN[0], secret_key=ADMIN[1]) as p:
-        p.send_batch([Message("orders.lite", f"lite-{i}".encode()) for i in range(10)], routing_key="k")
+        for key in ("k", "k2", "k3"):  # a backlog in more than one queue: a signed PULL_MULTI
+            p.send_batch([Message("orders.lite", f"lite-{key}-{i}".encode()) for i in range(10)], routing_key=key)
     with LitePullConsumer("g1", acl_broker.address, access_key=APP[0], secret_key=APP[1],
                           consume_from="first") as c:
         c.assign("orders.lite")
         got: list = []
         deadline = time.monotonic() + 20
-        while len(got) < 10 and time.monotonic() < deadline:
+        while len(got) < 30 and time.monotonic() < deadline:
             got += c.poll(0.5)
         c.commit()  # a signed COMMIT_OFFSETS
-    assert sorted(m.body for m in got) == sorted(f"lite-{i}".encode() for i in range(10))
+        assert c.stats["multi_pulls"] >= 1
+    assert sorted(m.body for m in got) == sorted(f"lite-{k}-{i}".encode() for k in ("k", "k2", "k3") for i in range(10))
     with LitePullConsumer("g1", acl_broker.address, access_key=APP[0], secret_key="not-the-secret") as c:
         with pytest.raises(AccessDeniedError):
             c.assign("orders.lite")

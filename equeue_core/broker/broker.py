@@ -23,6 +23,7 @@ from equeue_core.broker.busy_poll import BusyPoll
 from equeue_core.broker.groups import GroupRegistry
 from equeue_core.broker.long_poll import HeldPull, LateAnswer, PullHold
 from equeue_core.broker.metrics import BrokerMetrics
+from equeue_core.broker.multi_pull import error_result, parse_pulls, records_budget
 from equeue_core.broker.multi_send import answer_header, parse_sections
 from equeue_core.broker.offset_commits import checked_entries
 from equeue_core.broker.retention import RetentionCleaner
@@ -290,6 +291,7 @@ class Broker:
             Code.SEND_MULTI: self.on_send_multi,
             Code.ROUTE: self.on_route,
             Code.PULL: self.on_pull,
+            Code.PULL_MULTI: self.on_pull_multi,
             Code.COMMIT_OFFSETS: self.on_commit_offsets,
             Code.QUERY_OFFSET: self.on_query_offset,
             Code.CREATE_TOPIC: self.on_create_topic,
@@ -311,6 +313,7 @@ class Broker:
             Code.SEND: self.send_now,
             Code.SEND_MULTI: self.send_multi_now,
             Code.PULL: self.pull_now,
+            Code.PULL_MULTI: self.pull_multi_now,
             Code.COMMIT_OFFSETS: self.commit_offsets_now,
             Code.ROUTE: self.route_now,
             Code.QUERY_OFFSET: self.query_offset_now,
@@ -598,13 +601,52 @@ class Broker:
 
         return HeldPull(self.hold, topic, queue_id, deadline, answer).late
 
+    async def on_pull_multi(self, conn: ServerConnection, frame: Frame) -> Frame:
+        return self.pull_multi_now(conn, frame)
+
+    def pull_multi_now(self, conn: ServerConnection, frame: Frame) -> Frame:
+        """PULL_MULTI (broker/multi_pull.py): each section read as pull_now's first read, in
+        order, none held; a section's error is its result; the records within one budget."""
+        arrived = time.perf_counter()
+        pulls = parse_pulls(frame.header)
+        budget = records_budget(self._pull_max_bytes, self.config.max_frame_size, PULL_HEADER_ROOM, len(pulls))
+        results: list[Any] = []
+        bodies = []
+        used = 0
+        topics = self.topics.topics
+        for topic, queue_id, offset, max_count, tag_hashes in pulls:
+            try:
+                queues = topics.get(topic)
+                if queues is None or not 0 <= queue_id < queues:
+                    self.topics.check_queue(topic, queue_id)
+                res = self._pull_read(frame, topic, queue_id, offset, max_count, tag_hashes, budget - used)
+            except EQueueError as e:
+                results.append(error_result(e))
+                continue
+            if type(res) is Frame:  # OFFSET_RESET
+                h = res.header
+                results.append([h["status"], h["next_offset"], h["min_offset"], h["max_offset"], 0, 0])
+                continue
+            size = len(res.records)
+            if used and used + size > budget:
+                break  # this one and the rest are pulled again
+            used += size
+            bodies.append(res.records)
+            self.stats["pulled"] += res.count
+            self.metrics.pulled(topic, res.count, size, time.perf_counter() - arrived)
+            results.append([PullStatus.FOUND if res.count else PullStatus.NO_NEW, res.next_offset,
+                            res.min_offset, res.max_offset, res.count, size])
+            if used >= budget:
+                break
+        return frame.response({"results": results}, bodies[0] if len(bodies) == 1 else b"".join(bodies))
+
     def _pull_read(self, frame: Frame, topic: str, queue_id: int, offset: int, max_count: int,
-                   tag_hashes: frozenset | None):
+                   tag_hashes: frozenset | None, max_bytes: int | None = None):
         """One read of a pull: the store's ReadResult, or the OFFSET_RESET answer to an offset
         outside the queue (OffsetOutOfRangeError itself if the consumer asked for `strict`)."""
         try:
-            return self.store.read_queue(topic, queue_id, offset, max_count, self._pull_max_bytes,
-                                         tag_hashes)
+            return self.store.read_queue(topic, queue_id, offset, max_count,
+                                         self._pull_max_bytes if max_bytes is None else max_bytes, tag_hashes)
         except CorruptRecordError as e:
             log.error("pull %s/%d of group %s refused: %s (skip it with `equeue groups skip`)",
                       topic, queue_id, frame.header.get("group"), e)

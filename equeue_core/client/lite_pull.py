@@ -6,7 +6,8 @@ thread to get the GIL. Here the caller's thread does it all on one blocking conn
 transport (contracts.PipelinedBlockingConnection; tcp and tls): every assigned queue has one held
 pull in flight on that socket (the broker answers it as soon as its queue gets data, or with
 nothing when `hold_ms` ends), except that at most `max_backlog_queues` queues with a backlog have
-one at a time, the others waiting their turn; `poll` waits in `recv` (which releases the GIL) for whichever answer
+one at a time, the others waiting their turn (the pulls of queues with a turn go out together, in
+PULL_MULTI frames the broker answers at once: broker/multi_pull.py); `poll` waits in `recv` (which releases the GIL) for whichever answer
 comes first and returns the decoded messages (at most `max_poll_records` of them: the rest of a
 larger answer comes with the next polls); that queue's next pull goes out at once when the
 broker has more behind the answer, else when the caller comes back to poll. No handler
@@ -51,7 +52,7 @@ from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
 from equeue_core.client.pull_batch import PULL_BATCH_CEILING, PULL_BATCH_FLOOR, AdaptivePullBatch
 from equeue_core.client.pulled_batch import DECODE_AT_MOST, DECODE_CHUNK, PulledBatch
-from equeue_core.codes import Code, PullStatus
+from equeue_core.codes import MAX_PULL_SECTIONS, Code, PullStatus
 from equeue_core.contracts import PipelinedBlockingConnection
 from equeue_core.errors import (
     ClientClosedError,
@@ -61,7 +62,7 @@ from equeue_core.errors import (
     RequestTimeoutError,
     TransportError,
 )
-from equeue_core.frame import FLAG_ERROR, Frame
+from equeue_core.frame import FLAG_ERROR, FLAG_RESPONSE, Frame
 from equeue_core.plugins import get_plugin_manager
 
 log = logging.getLogger("equeue.lite_pull")
@@ -69,6 +70,7 @@ log = logging.getLogger("equeue.lite_pull")
 QueueKey = tuple[str, int]
 REQUEST_TIMEOUT = 30.0  # seconds for the requests poll does not hold (routes, offsets, commits)
 IDLE_WAIT = 0.05  # seconds a poll with no queue assigned sleeps between looks at the assignment
+_PENDING = -1  # a queue's pull_id while its pull waits in _pending to go out in a PULL_MULTI
 
 
 class _Queue:
@@ -85,7 +87,7 @@ class _Queue:
         self.returned = offset  # after the last message poll returned (or skipped by the tag filter)
         self.consumed = offset  # after the last message the caller came back from
         self.committed = offset  # as the broker has it (as far as this consumer knows)
-        self.pull_id: int | None = None  # request id of the pull in flight
+        self.pull_id: int | None = None  # request id of the pull in flight (_PENDING: not written yet)
         self.batch = batch
         self.header = header
         self.tags = tags
@@ -239,7 +241,11 @@ class LitePullConsumer:
         self._version = 0  # of the membership's assignment applied here
         self._filters: dict[str, tuple[frozenset[str] | None, list[int] | None]] = {}
         self._queues: dict[QueueKey, _Queue] = {}
-        self._pulls: dict[int, QueueKey] = {}  # request id -> queue, of the pulls in flight
+        # request id -> queue of a PULL in flight, or the queues of a PULL_MULTI in its order
+        self._pulls: dict[int, QueueKey | list[QueueKey]] = {}
+        # queues with a turn whose pull waits to go out with others in one PULL_MULTI (_flush_pulls)
+        self._pending: list[_Queue] = []
+        self._multi = True  # False once the broker answered PULL_MULTI with unknown_request
         self._commits: dict[int, list[tuple[_Queue, int]]] = {}  # auto-commits not answered yet
         self._ready: deque[tuple[QueueKey, Frame]] = deque()  # pull answers read, not yet taken
         self._turns = 0  # pulls in flight of queues with a backlog (at most max_backlog_queues)
@@ -250,7 +256,7 @@ class LitePullConsumer:
         self._idle: list[_Queue] = []
         self._waiting: deque[_Queue] = deque()  # queues with a backlog waiting for a turn, in order
         self._rest: _Rest | None = None  # the part of an answer poll has not returned yet
-        self.stats = {"backlog_queues_peak": 0, "pulls": 0}
+        self.stats = {"backlog_queues_peak": 0, "pulls": 0, "multi_pulls": 0}
         self._id_prefix: str | None = None
         self._next_commit = time.monotonic() + auto_commit_interval
         self._heard = time.monotonic()  # when a frame last arrived (or the pulls were first sent)
@@ -437,6 +443,11 @@ class LitePullConsumer:
             self._polling.release()
 
     def _poll(self, timeout: float, raw: bool = False) -> list[ReceivedMessage] | PulledBatch:
+        msgs = self._poll_answers(timeout, raw)
+        self._flush_pulls(False)
+        return msgs
+
+    def _poll_answers(self, timeout: float, raw: bool) -> list[ReceivedMessage] | PulledBatch:
         deadline = time.monotonic() + timeout
         self._mark_consumed()
         self._sync_assignment()
@@ -457,6 +468,7 @@ class LitePullConsumer:
                 if msgs:
                     self.last_queue = key
                     return msgs
+            self._flush_pulls(True)  # nothing in hand: every pull waiting to go out goes now
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._closed:
                 return []
@@ -516,6 +528,14 @@ class LitePullConsumer:
             queue.turn = True
             if self._turns > self.stats["backlog_queues_peak"]:
                 self.stats["backlog_queues_peak"] = self._turns
+        if queue.turn and self._multi:
+            queue.pull_id = _PENDING
+            self._pending.append(queue)
+            return
+        self._send_pull(queue)
+
+    def _send_pull(self, queue: _Queue) -> None:
+        """The queue's pull as a PULL of its own (held at the broker while the queue has nothing)."""
         if not self._pulls:
             self._heard = time.monotonic()  # the silence is counted from the first pull in flight
         header = queue.header
@@ -525,12 +545,42 @@ class LitePullConsumer:
         queue.pull_id = self._write(Code.PULL, header)
         self._pulls[queue.pull_id] = (queue.topic, queue.queue_id)
 
+    def _flush_pulls(self, now: bool) -> None:
+        """Write the pulls of the queues with a backlog waiting in `_pending`, together in
+        PULL_MULTI frames: `now` (nothing else is in hand), or once half the turns wait, so that
+        one half's answers are read while the caller goes through the other's. Why together: a
+        pull costs both ends a frame whatever it brings, and 1000 queues of a few hundred
+        messages each cost a pull per queue where 4 queues cost one per 1024 messages
+        (broker/multi_pull.py)."""
+        pending = self._pending
+        if not pending or (not now and 2 * len(pending) < self._turns):
+            return
+        self._pending = []
+        if len(pending) == 1:
+            self._send_pull(pending[0])
+            return
+        if not self._pulls:
+            self._heard = time.monotonic()
+        for i in range(0, len(pending), MAX_PULL_SECTIONS):
+            part = pending[i:i + MAX_PULL_SECTIONS]
+            request_id = self._write(Code.PULL_MULTI, {
+                "group": self.group,
+                "pulls": [[q.topic, q.queue_id, q.next_offset, q.batch.size, q.header.get("tags")] for q in part]})
+            for q in part:
+                q.pull_id = request_id
+            self._pulls[request_id] = [(q.topic, q.queue_id) for q in part]
+            self.stats["pulls"] += len(part)
+            self.stats["multi_pulls"] += 1
+
     def _route(self, frame: Frame) -> None:
         """A frame read while waiting: a pull's answer goes to `_ready`, an auto-commit's is
         settled, anything else (a dropped pull's answer, a push) is left."""
         key = self._pulls.pop(frame.request_id, None)
         if key is not None:
-            self._ready.append((key, frame))
+            if type(key) is list:
+                self._split(frame, key)
+            else:
+                self._ready.append((key, frame))
             return
         committed = self._commits.pop(frame.request_id, None)
         if committed is not None:
@@ -542,6 +592,53 @@ class LitePullConsumer:
                 return
             for queue, offset in committed:
                 queue.committed = offset
+
+    def _split(self, frame: Frame, keys: list[QueueKey]) -> None:
+        """A PULL_MULTI's answer: each section goes to `_ready` as the answer of its queue's own
+        pull would (its records a view of the answer's body), in the request's order; a section
+        of a queue that has dropped that pull since (seek, pause, removal) is left. The queues
+        past the last result were not read (the answer's byte budget): they pull again. A
+        refused request is each queue's error; a broker that does not know PULL_MULTI is sent
+        PULLs from now on."""
+        rid = frame.request_id
+        queues = self._queues
+        current = []
+        for key in keys:
+            queue = queues.get(key)
+            current.append(queue if queue is not None and queue.pull_id == rid else None)
+        if frame.flags & FLAG_ERROR:
+            if frame.header.get("error") == "unknown_request":
+                log.info("the broker does not take PULL_MULTI: one PULL a queue from now on")
+                self._multi = False
+                for queue in current:
+                    if queue is not None:
+                        queue.pull_id = None
+                        self._pull(queue)
+                return
+            for key, queue in zip(keys, current, strict=True):
+                if queue is not None:
+                    self._ready.append((key, frame))
+            return
+        results = frame.header.get("results") or []
+        body = memoryview(frame.body)
+        pos = 0
+        for i, (key, queue) in enumerate(zip(keys, current, strict=True)):
+            if i >= len(results):
+                if queue is not None:
+                    queue.pull_id = None
+                    self._pull(queue)  # still has its turn: waits for the next PULL_MULTI
+                continue
+            result = results[i]
+            if type(result) is dict:
+                part = Frame(Code.PULL, rid, FLAG_RESPONSE | FLAG_ERROR, result, b"")
+            else:
+                status, next_offset, min_offset, max_offset, count, length = result
+                part = Frame(Code.PULL, rid, FLAG_RESPONSE,
+                             {"status": status, "next_offset": next_offset, "min_offset": min_offset,
+                              "max_offset": max_offset, "count": count}, body[pos:pos + length])
+                pos += length
+            if queue is not None:
+                self._ready.append((key, part))
 
     def _take(self, queue: _Queue, frame: Frame, raw: bool = False) -> list[ReceivedMessage] | PulledBatch:
         """Handle one pull answer. The queue's next pull goes out now when the broker has more
@@ -645,9 +742,11 @@ class LitePullConsumer:
     def _drop_pull(self, queue: _Queue) -> None:
         """Forget the queue's pull: in flight, or answered and not yet taken (its answer is
         dropped unread), and its place in line for a turn."""
-        if queue.pull_id is not None:
-            self._pulls.pop(queue.pull_id, None)
-            queue.pull_id = None
+        if queue.pull_id == _PENDING:
+            self._pending.remove(queue)
+        elif queue.pull_id is not None and type(self._pulls.get(queue.pull_id)) is not list:
+            self._pulls.pop(queue.pull_id, None)  # (a PULL_MULTI's answer leaves this queue's part)
+        queue.pull_id = None
         key = (queue.topic, queue.queue_id)
         self._ready = deque(item for item in self._ready if item[0] != key)
         if queue.waiting:
@@ -658,6 +757,7 @@ class LitePullConsumer:
     def _lost(self) -> None:
         """The connection broke: every pull is gone with it; the next poll issues them again."""
         self._pulls.clear()
+        self._pending.clear()
         self._commits.clear()
         self._ready.clear()
         self._waiting.clear()
