@@ -6,6 +6,8 @@ many queues sends such frames, and falls back to PULLs when its broker does not 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from equeue_core import record
@@ -180,10 +182,11 @@ def _drain(address: str, topic: str, total: int, **kwargs) -> tuple[LitePullCons
     c = LitePullConsumer("pm-drain", address, consume_from="first", **kwargs)
     c.assign(topic)
     seen = 0
-    for _ in range(2000):
-        if seen >= total:
+    deadline = time.monotonic() + 30
+    for _ in range(20_000):
+        if seen >= total or time.monotonic() > deadline:
             break
-        for m in c.poll(1.0):
+        for m in c.poll(0.2):
             got.setdefault(m.queue_id, []).append(int(m.body))
             seen += 1
     return c, got
@@ -217,6 +220,28 @@ def test_a_lite_pull_consumer_catches_up_on_many_queues_in_pull_multi_frames(tmp
         b.stop()
 
 
+def test_pulls_left_out_of_an_answer_by_its_budget_are_sent_again(tmp_path):
+    """pull_max_bytes of 4 KB and 1 KB messages: each PULL_MULTI answer carries three or four
+    queues' records and leaves the others out; those queues pull again, and every message still
+    arrives once, in order."""
+    b = BrokerProcess(tmp_path / "data", env={"EQUEUE_PULL_MAX_BYTES": "4096"}).start()
+    try:
+        with AdminClient(b.address) as admin:
+            admin.create_topic("pm.budget", queues=20)
+        sent: dict[int, list[int]] = {}
+        with Producer(b.address) as p:
+            for i in range(100):
+                sent.setdefault(p.send(Message("pm.budget", b"%d" % i + b" " * 1000)).queue_id, []).append(i)
+        c, got = _drain(b.address, "pm.budget", 100)
+        try:
+            assert got == sent
+            assert c.stats["multi_pulls"] > 0 and c.stats["pulls"] > 20 + c.stats["multi_pulls"]
+        finally:
+            c.close()
+    finally:
+        b.stop()
+
+
 def test_a_broker_without_pull_multi_gets_pulls_and_loses_nothing(tmp_path):
     """A broker of a release before PULL_MULTI (the proxy hands it the request under a code it
     does not know) answers unknown_request: the consumer pulls those queues again one by one, and
@@ -234,3 +259,4 @@ def test_a_broker_without_pull_multi_gets_pulls_and_loses_nothing(tmp_path):
     finally:
         proxy.close()
         b.stop()
+

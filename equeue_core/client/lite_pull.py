@@ -51,6 +51,7 @@ from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
 from equeue_core.client.pull_batch import PULL_BATCH_CEILING, PULL_BATCH_FLOOR, AdaptivePullBatch
+from equeue_core.client.pull_multi import answer_parts
 from equeue_core.client.pulled_batch import DECODE_AT_MOST, DECODE_CHUNK, PulledBatch
 from equeue_core.codes import MAX_PULL_SECTIONS, Code, PullStatus
 from equeue_core.contracts import PipelinedBlockingConnection
@@ -62,7 +63,7 @@ from equeue_core.errors import (
     RequestTimeoutError,
     TransportError,
 )
-from equeue_core.frame import FLAG_ERROR, FLAG_RESPONSE, Frame
+from equeue_core.frame import FLAG_ERROR, Frame
 from equeue_core.plugins import get_plugin_manager
 
 log = logging.getLogger("equeue.lite_pull")
@@ -619,26 +620,15 @@ class LitePullConsumer:
                 if queue is not None:
                     self._ready.append((key, frame))
             return
-        results = frame.header.get("results") or []
-        body = memoryview(frame.body)
-        pos = 0
+        parts = answer_parts(frame)
         for i, (key, queue) in enumerate(zip(keys, current, strict=True)):
-            if i >= len(results):
-                if queue is not None:
-                    queue.pull_id = None
-                    self._pull(queue)  # still has its turn: waits for the next PULL_MULTI
+            if queue is None:
                 continue
-            result = results[i]
-            if type(result) is dict:
-                part = Frame(Code.PULL, rid, FLAG_RESPONSE | FLAG_ERROR, result, b"")
-            else:
-                status, next_offset, min_offset, max_offset, count, length = result
-                part = Frame(Code.PULL, rid, FLAG_RESPONSE,
-                             {"status": status, "next_offset": next_offset, "min_offset": min_offset,
-                              "max_offset": max_offset, "count": count}, body[pos:pos + length])
-                pos += length
-            if queue is not None:
-                self._ready.append((key, part))
+            if i < len(parts):
+                self._ready.append((key, parts[i]))
+            else:  # not read (the answer's byte budget): still has its turn, waits for the next
+                queue.pull_id = None
+                self._pull(queue)
 
     def _take(self, queue: _Queue, frame: Frame, raw: bool = False) -> list[ReceivedMessage] | PulledBatch:
         """Handle one pull answer. The queue's next pull goes out now when the broker has more
