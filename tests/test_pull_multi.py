@@ -127,6 +127,23 @@ def test_a_failed_section_is_its_error_and_the_others_are_read(broker):
     assert strict[0][0]["error"] == "offset_out_of_range" and strict[1][0]["count"] == 5
 
 
+def test_what_it_reads_counts_in_the_broker_stats_as_pulls_do(broker):
+    """messages_out and bytes_out of each section's topic grow by what the answer carried."""
+    def out() -> dict[str, tuple[int, int]]:
+        with AdminClient(broker.address) as admin:
+            topics = admin.stats()["topics"]
+        return {t: (topics[t]["messages_out"], topics[t]["bytes_out"]) for t in ("pm.a", "pm.b")}
+
+    before = out()
+    got = sections(request(broker.address, Code.PULL_MULTI,
+                           {"group": "g", "pulls": [["pm.a", 0, 0, 7, None], ["pm.b", 1, 0, 4, None],
+                                                    ["pm.a", 2, 0, 3, None]]}))
+    after = out()
+    assert after["pm.a"][0] - before["pm.a"][0] == 10 and after["pm.b"][0] - before["pm.b"][0] == 4
+    assert after["pm.a"][1] - before["pm.a"][1] == len(got[0][1]) + len(got[2][1])
+    assert after["pm.b"][1] - before["pm.b"][1] == len(got[1][1])
+
+
 def test_nothing_is_held(broker):
     """Queues with nothing past the offset are answered no_new at once, not after a hold."""
     with AdminClient(broker.address) as admin:
