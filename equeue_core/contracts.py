@@ -446,6 +446,11 @@ class PipelinedBlockingConnection(BlockingClientConnection, Protocol):
         """Send a request without waiting; its request id (the transport assigns it)."""
         ...
 
+    def write_many(self, frames: list[Frame]) -> list[int]:
+        """Send several requests without waiting, in order and in as few writes as the
+        transport can; their request ids. FrameTooLargeError for any of them: none is sent."""
+        ...
+
     def read(self, timeout: float) -> Frame | None:
         """The next frame that arrives (any request id), None when none did within timeout;
         the connection and the requests in flight stay as they are on a timeout."""

@@ -6,6 +6,8 @@ exact byte streams from a loopback server socket (the bytes a broker would send)
 every frame comes out whole, in order, with nothing lost between reads: frames larger than one
 receive arriving back to back, a frame cut at every kind of boundary, and a frame that trickles
 in slower than the read's timeout (the read returns None and the next one finishes the frame).
+And the write side's `write_many`: several requests in one call, each under its own id, or none
+of them when one is too large.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 
 from equeue_core import frame as wire
 from equeue_core.contracts import TransportSettings
+from equeue_core.errors import FrameTooLargeError
 from equeue_core.plugins import get_plugin_manager
 
 
@@ -107,3 +110,52 @@ def test_a_frame_slower_than_the_read_timeout_is_finished_by_the_next_read(wire_
     server.send(data[150_000:])
     check(conn.read(10), 7, 180_000)
     check(conn.read(10), 8, 5)
+
+
+def _received_frames(server: ByteServer, count: int, timeout: float = 10.0) -> list[wire.Frame]:
+    """The next `count` whole frames the client wrote (after its hello)."""
+    assert server._accepted.wait(timeout) and server.peer is not None
+    server.peer.settimeout(timeout)
+    data = bytearray()
+    frames: list[wire.Frame] = []
+    deadline = time.monotonic() + timeout
+    while len(frames) < count and time.monotonic() < deadline:
+        while len(data) >= 4:
+            need = wire.frame_length(bytes(data[:4])) + 4
+            if len(data) < need:
+                break
+            frames.append(wire.decode(bytes(data[:need])))
+            del data[:need]
+        if len(frames) < count:
+            data += server.peer.recv(65536)
+    return frames
+
+
+def test_write_many_sends_every_frame_in_order_with_its_own_request_id(wire_pair):
+    """Three requests (one with a body) in one call: each arrives whole, in order, under the id
+    write_many returned for it, as a request (no response, push or one-way flag)."""
+    server, conn = wire_pair
+    frames = [wire.Frame(10, header={"i": 0}), wire.Frame(10, header={"i": 1}, body=b"body" * 100),
+              wire.Frame(32, flags=wire.FLAG_RESPONSE | wire.FLAG_ONEWAY, header={"i": 2})]
+    ids = conn.write_many(frames)
+    got = _received_frames(server, 4)  # the hello, then the three
+    assert [f.header for f in got] == [{"hello": 1}, {"i": 0}, {"i": 1}, {"i": 2}]
+    assert [f.request_id for f in got[1:]] == ids and ids == [got[0].request_id + k for k in (1, 2, 3)]
+    assert [f.code for f in got[1:]] == [10, 10, 32] and bytes(got[2].body) == b"body" * 100
+    assert all(f.flags == 0 for f in got[1:])
+    assert conn.write_many([]) == []
+
+
+def test_write_many_with_one_frame_too_large_sends_none_of_them():
+    server = ByteServer()
+    conn = get_plugin_manager().transport("tcp").connect_blocking("127.0.0.1", server.port,
+                                                                  TransportSettings(max_frame_size=4096))
+    try:
+        conn.write(wire.Frame(1, header={"hello": 1}))
+        with pytest.raises(FrameTooLargeError):
+            conn.write_many([wire.Frame(10, header={"i": 0}), wire.Frame(10, header={"i": 1}, body=b"x" * 8192)])
+        conn.write(wire.Frame(1, header={"after": 1}))
+        assert [f.header for f in _received_frames(server, 2)] == [{"hello": 1}, {"after": 1}]
+    finally:
+        conn.close()
+        server.close()

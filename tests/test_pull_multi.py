@@ -193,8 +193,10 @@ def test_the_records_fit_one_budget_and_the_rest_is_not_read(tmp_path):
         b.stop()
 
 
-def _drain(address: str, topic: str, total: int, **kwargs) -> tuple[LitePullConsumer, dict[int, list[int]]]:
-    """A LitePullConsumer's poll loop over the topic until `total` messages: the bodies per queue."""
+def _drain(address: str, topic: str, total: int, midway=None,
+           **kwargs) -> tuple[LitePullConsumer, dict[int, list[int]]]:
+    """A LitePullConsumer's poll loop over the topic until `total` messages: the bodies per queue.
+    `midway()` is called once, when half of them have arrived."""
     got: dict[int, list[int]] = {}
     c = LitePullConsumer("pm-drain", address, consume_from="first", **kwargs)
     c.assign(topic)
@@ -206,6 +208,9 @@ def _drain(address: str, topic: str, total: int, **kwargs) -> tuple[LitePullCons
         for m in c.poll(0.2):
             got.setdefault(m.queue_id, []).append(int(m.body))
             seen += 1
+        if midway is not None and seen >= total // 2:
+            midway()
+            midway = None
     return c, got
 
 
@@ -222,12 +227,20 @@ def _fill(address: str, topic: str, queues: int, per_queue: int) -> dict[int, li
 
 
 def test_a_lite_pull_consumer_catches_up_on_many_queues_in_pull_multi_frames(tmp_path):
-    """200 queues of 40 messages: every message once, in order per queue, and the queues with a
+    """200 queues of 40 messages, and one more message in each queue sent when half have
+    arrived (so into queues that caught up while others still catch up, whose held pulls wait for
+    the next PULL_MULTI's write): every message once, in order per queue, and the queues with a
     backlog were asked in PULL_MULTI frames (fewer frames than queue pulls)."""
     b = BrokerProcess(tmp_path / "data").start()
     try:
         sent = _fill(b.address, "pm.many", 200, 40)
-        c, got = _drain(b.address, "pm.many", 200 * 40)
+
+        def one_more_each() -> None:
+            with Producer(b.address) as p:
+                for i in range(200):
+                    sent[p.send(Message("pm.many", b"%d" % (10_000 + i))).queue_id].append(10_000 + i)
+
+        c, got = _drain(b.address, "pm.many", 200 * 41, midway=one_more_each)
         try:
             assert got == sent
             assert 0 < c.stats["multi_pulls"] < c.stats["pulls"] / 4

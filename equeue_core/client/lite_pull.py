@@ -7,7 +7,8 @@ transport (contracts.PipelinedBlockingConnection; tcp and tls): every assigned q
 pull in flight on that socket (the broker answers it as soon as its queue gets data, or with
 nothing when `hold_ms` ends), except that at most `max_backlog_queues` queues with a backlog have
 one at a time, the others waiting their turn (the pulls of queues with a turn go out together, in
-PULL_MULTI frames the broker answers at once: broker/multi_pull.py); `poll` waits in `recv` (which releases the GIL) for whichever answer
+PULL_MULTI frames the broker answers at once: broker/multi_pull.py; while they catch up, the held
+pulls of queues that caught up go out in the same writes); `poll` waits in `recv` (which releases the GIL) for whichever answer
 comes first and returns the decoded messages (at most `max_poll_records` of them: the rest of a
 larger answer comes with the next polls); that queue's next pull goes out at once when the
 broker has more behind the answer, else when the caller comes back to poll. No handler
@@ -246,6 +247,10 @@ class LitePullConsumer:
         self._pulls: dict[int, QueueKey | list[QueueKey]] = {}
         # queues with a turn whose pull waits to go out with others in one PULL_MULTI (_flush_pulls)
         self._pending: list[_Queue] = []
+        # caught-up queues whose held PULL waits to be written with the next PULL_MULTI, while
+        # other queues catch up (a transport that writes several frames at once: write_many)
+        self._held: list[_Queue] = []
+        self._write_many = getattr(self._conn, "write_many", None)
         self._multi = True  # False once the broker answered PULL_MULTI with unknown_request
         self._commits: dict[int, list[tuple[_Queue, int]]] = {}  # auto-commits not answered yet
         self._ready: deque[tuple[QueueKey, Frame]] = deque()  # pull answers read, not yet taken
@@ -533,45 +538,67 @@ class LitePullConsumer:
             queue.pull_id = _PENDING
             self._pending.append(queue)
             return
+        if self._turns and self._multi and self._write_many is not None:
+            queue.pull_id = _PENDING  # a catch-up is on: written with its next PULL_MULTI
+            self._held.append(queue)
+            return
         self._send_pull(queue)
 
     def _send_pull(self, queue: _Queue) -> None:
         """The queue's pull as a PULL of its own (held at the broker while the queue has nothing)."""
         if not self._pulls:
             self._heard = time.monotonic()  # the silence is counted from the first pull in flight
+        queue.pull_id = self._write(Code.PULL, self._pull_header(queue))
+        self._pulls[queue.pull_id] = (queue.topic, queue.queue_id)
+
+    def _pull_header(self, queue: _Queue) -> dict[str, Any]:
         header = queue.header
         header["offset"] = queue.next_offset
         header["max_count"] = queue.batch.size
         self.stats["pulls"] += 1
-        queue.pull_id = self._write(Code.PULL, header)
-        self._pulls[queue.pull_id] = (queue.topic, queue.queue_id)
+        return header
 
     def _flush_pulls(self, now: bool) -> None:
-        """Write the pulls of the queues with a backlog waiting in `_pending`, together in
-        PULL_MULTI frames: `now` (nothing else is in hand), or once half the turns wait, so that
-        one half's answers are read while the caller goes through the other's. Why together: a
-        pull costs both ends a frame whatever it brings, and 1000 queues of a few hundred
-        messages each cost a pull per queue where 4 queues cost one per 1024 messages
-        (broker/multi_pull.py)."""
-        pending = self._pending
-        if not pending or (not now and 2 * len(pending) < self._turns):
+        """Write the pulls waiting: those of queues with a turn (`_pending`) together in PULL_MULTI
+        frames, and the caught-up queues' held PULLs (`_held`) with them, all in one write. They
+        go `now` (poll has nothing else in hand), or once half the turns wait, so that one half's
+        answers are read while the caller goes through the other's. Why together: a pull costs
+        both ends a frame whatever it brings, and 1000 queues of a few hundred messages each
+        cost a pull per queue where 4 queues cost one per 1024 messages (broker/multi_pull.py)."""
+        pending, held = self._pending, self._held
+        if not (pending or held) or (not now and 2 * len(pending) < self._turns):
             return
-        self._pending = []
-        if len(pending) == 1:
-            self._send_pull(pending[0])
+        self._pending, self._held = [], []
+        if len(pending) + len(held) == 1:
+            self._send_pull((pending or held)[0])
             return
         if not self._pulls:
             self._heard = time.monotonic()
-        for i in range(0, len(pending), MAX_PULL_SECTIONS):
-            part = pending[i:i + MAX_PULL_SECTIONS]
-            request_id = self._write(Code.PULL_MULTI, {
-                "group": self.group,
-                "pulls": [[q.topic, q.queue_id, q.next_offset, q.batch.size, q.header.get("tags")] for q in part]})
-            for q in part:
-                q.pull_id = request_id
-            self._pulls[request_id] = [(q.topic, q.queue_id) for q in part]
-            self.stats["pulls"] += len(part)
-            self.stats["multi_pulls"] += 1
+        frames: list[tuple[int, dict[str, Any]]] = []
+        owners: list[_Queue | list[_Queue]] = []
+        if len(pending) == 1:
+            held = pending + held
+        else:
+            for i in range(0, len(pending), MAX_PULL_SECTIONS):
+                part = pending[i:i + MAX_PULL_SECTIONS]
+                frames.append((Code.PULL_MULTI, {
+                    "group": self.group,
+                    "pulls": [[q.topic, q.queue_id, q.next_offset, q.batch.size, q.header.get("tags")]
+                              for q in part]}))
+                owners.append(part)
+                self.stats["pulls"] += len(part)
+                self.stats["multi_pulls"] += 1
+        for queue in held:
+            frames.append((Code.PULL, self._pull_header(queue)))
+            owners.append(queue)
+        for owner, request_id in zip(owners, self._write_frames(frames), strict=True):
+            if type(owner) is list:
+                for q in owner:
+                    q.pull_id = request_id
+                self._pulls[request_id] = [(q.topic, q.queue_id) for q in owner]
+            else:
+                owner.pull_id = request_id
+                self._pulls[request_id] = (owner.topic, owner.queue_id)
 
     def _route(self, frame: Frame) -> None:
         """A frame read while waiting: a pull's answer goes to `_ready`, an auto-commit's is
@@ -733,7 +760,7 @@ class LitePullConsumer:
         """Forget the queue's pull: in flight, or answered and not yet taken (its answer is
         dropped unread), and its place in line for a turn."""
         if queue.pull_id == _PENDING:
-            self._pending.remove(queue)
+            (self._pending if queue in self._pending else self._held).remove(queue)
         elif queue.pull_id is not None and type(self._pulls.get(queue.pull_id)) is not list:
             self._pulls.pop(queue.pull_id, None)  # (a PULL_MULTI's answer leaves this queue's part)
         queue.pull_id = None
@@ -748,6 +775,7 @@ class LitePullConsumer:
         """The connection broke: every pull is gone with it; the next poll issues them again."""
         self._pulls.clear()
         self._pending.clear()
+        self._held.clear()
         self._commits.clear()
         self._ready.clear()
         self._waiting.clear()
@@ -789,9 +817,19 @@ class LitePullConsumer:
     # ---------------------------------------------------------------- requests
 
     def _write(self, code: int, header: dict[str, Any]) -> int:
+        return self._conn.write(self._frame(code, header))
+
+    def _write_frames(self, requests: list[tuple[int, dict[str, Any]]]) -> list[int]:
+        """Several requests in one write where the transport can (write_many); their ids."""
+        frames = [self._frame(code, header) for code, header in requests]
+        if self._write_many is not None:
+            return self._write_many(frames)
+        return [self._conn.write(frame) for frame in frames]
+
+    def _frame(self, code: int, header: dict[str, Any]) -> Frame:
         if self._signer is not None:
             header = signed_header(self._signer, code, header, b"")
-        return self._conn.write(Frame(int(code), 0, 0, header, b""))
+        return Frame(int(code), 0, 0, header, b"")
 
     def _call(self, code: int, header: dict[str, Any]) -> Frame:
         """A request answered before this returns; pull answers read meanwhile wait in _ready."""
