@@ -72,7 +72,7 @@ log = logging.getLogger("equeue.lite_pull")
 QueueKey = tuple[str, int]
 REQUEST_TIMEOUT = 30.0  # seconds for the requests poll does not hold (routes, offsets, commits)
 IDLE_WAIT = 0.05  # seconds a poll with no queue assigned sleeps between looks at the assignment
-_PENDING = -1  # a queue's pull_id while its pull waits in _pending to go out in a PULL_MULTI
+_PENDING = -1  # a queue's pull_id while its pull waits to be written (in _pending or _held)
 
 
 class _Queue:

@@ -370,7 +370,9 @@ class BlockingTcpConnection:
     def write_many(self, frames: list[wire.Frame]) -> list[int]:
         """`write` for several requests at once: one system call for all of them (the
         LitePullConsumer's pulls gathered in one poll); their request ids, in order. Every
-        frame is encoded before anything is written (FrameTooLargeError: nothing sent)."""
+        frame is encoded before anything is written (FrameTooLargeError: nothing sent). Two or
+        more frames are joined into one buffer first (their bodies copied: meant for small
+        frames such as pulls; and never more buffers than one sendmsg takes)."""
         if not frames:
             return []
         ids = []
@@ -381,7 +383,7 @@ class BlockingTcpConnection:
             frame.flags &= ~(wire.FLAG_ONEWAY | wire.FLAG_RESPONSE | wire.FLAG_PUSH)
             buffers += wire.encode(frame, self.settings.max_frame_size)
             ids.append(request_id)
-        if len(buffers) > 2:  # small frames (pulls): joined, one plain send
+        if len(buffers) > 2:
             buffers = [b"".join(buffers)]
         sock = self._sock if self._sock is not None else self._reconnect()
         try:
