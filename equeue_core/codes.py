@@ -89,6 +89,9 @@ MAX_MULTI_SECTIONS = 4096
 # Queues one PULL_MULTI may ask for (the broker refuses more with `protocol`)
 MAX_PULL_SECTIONS = 64
 
+# The most records one pull (or one PULL_MULTI section) asks for; a larger max_count is clamped
+MAX_PULL_COUNT = 4096
+
 
 class PullStatus:
     FOUND = "found"

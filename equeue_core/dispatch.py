@@ -35,8 +35,7 @@ async def dispatch(handlers: Mapping[int, Handler], conn: ServerConnection, fram
     except EQueueError as e:
         if frame.is_oneway:
             return None
-        return frame.error_response(e.code, str(e), **{k: v for k, v in e.details.items()
-                                                      if isinstance(v, (int, str, float))})
+        return frame.error_response(e.code, str(e), **e.wire_details())
     except asyncio.CancelledError:
         raise
     except Exception as e:

@@ -17,6 +17,13 @@ class EQueueError(Exception):
         super().__init__(message or self.__class__.__doc__ or self.code)
         self.details = details
 
+    def wire_details(self, max_str: int | None = None) -> dict[str, object]:
+        """The details an error answer carries (docs/protocol.md, "Error frames"): those whose
+        value is an int (a bool counts), a float or a str (of at most `max_str` characters);
+        any other is left out, never sent as its string."""
+        return {k: v for k, v in self.details.items()
+                if isinstance(v, (int, float)) or (isinstance(v, str) and (max_str is None or len(v) <= max_str))}
+
 
 class ConfigError(EQueueError):
     """Invalid configuration."""

@@ -35,7 +35,7 @@ from equeue_core.broker.topics import (
     check_producer_topic,
     check_topic_name,
 )
-from equeue_core.codes import Code, PullStatus
+from equeue_core.codes import MAX_PULL_COUNT, Code, PullStatus
 from equeue_core.config import Config, parse_delay_levels
 from equeue_core.contracts import ServerConnection, StoreSettings
 from equeue_core.errors import (
@@ -272,8 +272,7 @@ class Broker:
         if isinstance(e, EQueueError):
             if frame.is_oneway:
                 return None
-            return frame.error_response(e.code, str(e), **{k: v for k, v in e.details.items()
-                                                          if isinstance(v, (int, str, float))})
+            return frame.error_response(e.code, str(e), **e.wire_details())
         # a bug answers one request, it never takes the broker down
         log.error("request %s failed", frame.code, exc_info=e)
         if frame.is_oneway:
@@ -563,7 +562,7 @@ class Broker:
         max_count = h.get("max_count")
         if type(max_count) is not int:
             max_count = _int(h, "max_count", self.config.pull_batch)
-        max_count = 1 if max_count < 1 else 4096 if max_count > 4096 else max_count
+        max_count = 1 if max_count < 1 else MAX_PULL_COUNT if max_count > MAX_PULL_COUNT else max_count
         hold_ms = h.get("hold_ms")
         if type(hold_ms) is not int:
             hold_ms = _int(h, "hold_ms", self.config.long_poll_ms)
@@ -632,9 +631,7 @@ class Broker:
                 break  # this one and the rest are pulled again
             used += size
             bodies.append(res.records)
-            self.stats["pulled"] += res.count
-            self.metrics.pulled(topic, res.count, size, time.perf_counter() - arrived)
-            results.append([PullStatus.FOUND if res.count else PullStatus.NO_NEW, res.next_offset,
+            results.append([self._pulled(topic, res, time.perf_counter() - arrived), res.next_offset,
                             res.min_offset, res.max_offset, res.count, size])
             if used >= budget:
                 break
@@ -660,12 +657,16 @@ class Broker:
                                    "min_offset": lo, "max_offset": hi, "count": 0})
 
     def _pull_answer(self, frame: Frame, topic: str, res, arrived: float, parked: float) -> Frame:
-        self.stats["pulled"] += res.count
-        self.metrics.pulled(topic, res.count, len(res.records), time.perf_counter() - arrived - parked)
-        status = PullStatus.FOUND if res.count else PullStatus.NO_NEW
+        status = self._pulled(topic, res, time.perf_counter() - arrived - parked)
         return frame.response({"status": status, "next_offset": res.next_offset,
                                "min_offset": res.min_offset, "max_offset": res.max_offset,
                                "count": res.count}, res.records)
+
+    def _pulled(self, topic: str, res, seconds: float) -> str:
+        """Count a pull's read (stats, metrics: `seconds` building its answer); its status."""
+        self.stats["pulled"] += res.count
+        self.metrics.pulled(topic, res.count, len(res.records), seconds)
+        return PullStatus.FOUND if res.count else PullStatus.NO_NEW
 
     async def on_commit_offsets(self, conn: ServerConnection, frame: Frame) -> Frame | None:
         return self.commit_offsets_now(conn, frame)

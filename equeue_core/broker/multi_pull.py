@@ -22,11 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from equeue_core.codes import MAX_PULL_COUNT
 from equeue_core.codes import MAX_PULL_SECTIONS as MAX_SECTIONS
 from equeue_core.errors import EQueueError, ProtocolError
 
-# max_count is clamped as a PULL's is
-MAX_COUNT = 4096
 # bytes of the answer's header kept per section, out of the frame's room for records: its result
 # list, or an error with its message cut to ERROR_MESSAGE_CHARS and string details of at most
 # DETAIL_CHARS (a topic name's longest; a longer one is left out, as a value a detail cannot carry is)
@@ -62,7 +61,7 @@ def parse_pulls(header: dict[str, Any]) -> list[Pull]:
             raise ProtocolError(f"pull {i}: max_count must be an integer")
         if tags is not None and (type(tags) is not list or any(type(t) is not int for t in tags)):
             raise ProtocolError(f"pull {i}: tags must be a list of tag hashes, or nil")
-        max_count = 1 if max_count < 1 else MAX_COUNT if max_count > MAX_COUNT else max_count
+        max_count = 1 if max_count < 1 else MAX_PULL_COUNT if max_count > MAX_PULL_COUNT else max_count
         out.append((topic, queue_id, offset, max_count, frozenset(tags) if tags else None))
     return out
 
@@ -75,6 +74,4 @@ def records_budget(pull_max_bytes: int, max_frame_size: int, header_room: int, s
 
 def error_result(e: EQueueError) -> dict[str, Any]:
     """A failed section's result: the error answer a PULL would get, its message cut short."""
-    return {"error": e.code, "message": str(e)[:ERROR_MESSAGE_CHARS],
-            "details": {k: v for k, v in e.details.items()
-                        if isinstance(v, (int, float)) or (isinstance(v, str) and len(v) <= DETAIL_CHARS)}}
+    return {"error": e.code, "message": str(e)[:ERROR_MESSAGE_CHARS], "details": e.wire_details(DETAIL_CHARS)}

@@ -61,5 +61,5 @@ def answer_header(stored: list[Any], failed: EQueueError | None, id_prefix: str)
                               "id_prefix": id_prefix}
     if failed is not None:
         header["failed"] = {"error": failed.code, "message": str(failed),
-                            "details": {k: v for k, v in failed.details.items() if isinstance(v, (int, str, float))}}
+                            "details": failed.wire_details()}
     return header
