@@ -479,7 +479,7 @@ class Broker:
         flushed = self.store.wait_flushed(end_position)
         if flushed.done() and flushed.exception() is None:
             return answer()
-        loop = asyncio.get_running_loop()
+        loop = self.hold.loop  # the broker's loop, taken once (no getpid() call per send)
         late = LateAnswer(loop)
 
         def give(done) -> None:  # on the loop
