@@ -569,14 +569,11 @@ class LitePullConsumer:
         if not (pending or held) or (not now and 2 * len(pending) < self._turns):
             return
         self._pending, self._held = [], []
-        if len(pending) + len(held) == 1:
-            self._send_pull((pending or held)[0])
-            return
         if not self._pulls:
             self._heard = time.monotonic()
         frames: list[tuple[int, dict[str, Any]]] = []
         owners: list[_Queue | list[_Queue]] = []
-        if len(pending) == 1:
+        if len(pending) == 1:  # a lone pull needs no PULL_MULTI: a PULL of its own
             held = pending + held
         else:
             for i in range(0, len(pending), MAX_PULL_SECTIONS):

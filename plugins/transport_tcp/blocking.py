@@ -370,9 +370,10 @@ class BlockingTcpConnection:
     def write_many(self, frames: list[wire.Frame]) -> list[int]:
         """`write` for several requests at once: one system call for all of them (the
         LitePullConsumer's pulls gathered in one poll); their request ids, in order. Every
-        frame is encoded before anything is written (FrameTooLargeError: nothing sent). Two or
-        more frames are joined into one buffer first (their bodies copied: meant for small
-        frames such as pulls; and never more buffers than one sendmsg takes)."""
+        frame is encoded before anything is written (FrameTooLargeError: nothing sent). More than
+        two buffers (a frame encodes to one, or two with a body) are joined into one first (their
+        bodies copied: meant for small frames such as pulls; and never more buffers than one
+        sendmsg takes)."""
         if not frames:
             return []
         ids = []
