@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from functools import cached_property
 from typing import Any
 
 import pluggy
@@ -39,6 +38,7 @@ class PluginManager:
         if load_entry_points is None:
             load_entry_points = not os.environ.get("EQUEUE_NO_ENTRY_POINTS")
         self.failed: dict[str, str] = {}
+        self._entries: dict[str, dict[str, tuple[Any, str]]] = {}  # hook -> name -> (impl, origin)
         if load_entry_points:
             self._load_entry_points()
         self.pm.check_pending()
@@ -65,39 +65,42 @@ class PluginManager:
     def register(self, plugin: object, name: str | None = None) -> None:
         self.pm.register(plugin, name)
         self.pm.check_pending()
-        self.__dict__.pop("_registry", None)
+        self._entries.clear()
 
-    @cached_property
-    def _registry(self) -> dict[str, dict[str, tuple[Any, str]]]:
-        registry: dict[str, dict[str, tuple[Any, str]]] = {}
-        for hook_name in HOOKS:
-            entries: dict[str, tuple[Any, str]] = {}
-            hook = getattr(self.pm.hook, hook_name)
-            for impl in hook.get_hookimpls():
-                result = impl.function()
-                if not result:
-                    continue
-                if not isinstance(result, dict):
-                    raise PluginError(f"{impl.plugin_name}.{hook_name} must return a dict of name -> implementation")
-                for name, obj in result.items():
-                    _validate(hook_name, name, obj, impl.plugin_name)
-                    if name in entries:
-                        raise PluginError(
-                            f"{HOOKS[hook_name]} {name!r} is provided twice: by {entries[name][1]} and {impl.plugin_name}")
-                    entries[name] = (obj, self._origin(impl.plugin))
-            registry[hook_name] = entries
-        return registry
+    def _registry(self, hook_name: str) -> dict[str, tuple[Any, str]]:
+        """One hook's implementations by name, asked of the plugins on first use. Hook by hook, not
+        all at once: a plugin's hook may import its implementation only when called (the event
+        stores pull in the whole CQRS package), and a broker that never asks for an event store
+        should not pay for that import at every start."""
+        entries = self._entries.get(hook_name)
+        if entries is not None:
+            return entries
+        entries = {}
+        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+            result = impl.function()
+            if not result:
+                continue
+            if not isinstance(result, dict):
+                raise PluginError(f"{impl.plugin_name}.{hook_name} must return a dict of name -> implementation")
+            for name, obj in result.items():
+                _validate(hook_name, name, obj, impl.plugin_name)
+                if name in entries:
+                    raise PluginError(
+                        f"{HOOKS[hook_name]} {name!r} is provided twice: by {entries[name][1]} and {impl.plugin_name}")
+                entries[name] = (obj, self._origin(impl.plugin))
+        self._entries[hook_name] = entries
+        return entries
 
     @staticmethod
     def _origin(plugin: object) -> str:
         return getattr(plugin, "__name__", None) or type(plugin).__name__
 
     def names(self, hook_name: str) -> list[str]:
-        return sorted(self._registry[hook_name])
+        return sorted(self._registry(hook_name))
 
     def get(self, hook_name: str, name: str) -> Any:
         """The implementation called `name`; an unknown name lists what is installed."""
-        entries = self._registry[hook_name]
+        entries = self._registry(hook_name)
         if name not in entries:
             installed = ", ".join(sorted(entries)) or "none"
             broken = "".join(f"; plugin {p} failed to load ({why})" for p, why in sorted(self.failed.items()))
@@ -106,7 +109,7 @@ class PluginManager:
 
     def describe(self) -> dict[str, list[tuple[str, str]]]:
         """Installed plugins per hook: {hook description: [(name, module it comes from)]}."""
-        return {HOOKS[h]: sorted((n, o) for n, (_, o) in e.items()) for h, e in self._registry.items()}
+        return {HOOKS[h]: sorted((n, o) for n, (_, o) in self._registry(h).items()) for h in HOOKS}
 
     # Convenience accessors used by the broker and clients.
     def store_engine(self, name: str):

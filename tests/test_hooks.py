@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import inspect
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -200,3 +202,16 @@ def test_hook_equeue_authorizers(tmp_path):
     assert own.names("equeue_authorizers") == ["site"]
     with pytest.raises(AccessDeniedError):
         own.authorizer("site")(Config(authorizer="site")).authorize(Frame(Code.SEND), "127.0.0.1:1")
+
+
+def test_asking_for_one_kind_calls_no_other_kinds_hooks():
+    """Hooks are called kind by kind on first use: a broker that asks for its store and transport
+    never calls the event stores' hook, which imports the whole CQRS package."""
+    code = ("import sys\n"
+            "from equeue_core.plugins import get_plugin_manager\n"
+            "pm = get_plugin_manager()\n"
+            "pm.store_engine('file'), pm.transport('tcp')\n"
+            "assert 'equeue_cqrs' not in sys.modules, 'a store and a transport imported equeue_cqrs'\n"
+            "assert pm.event_store('lmdb') and 'equeue_cqrs' in sys.modules\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
