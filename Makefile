@@ -55,10 +55,10 @@ $(VENV)/.bench: $(VENV)/.all
 bench-deps: $(VENV)/.bench  # peer servers (Debian) and their Python clients (the `bench` extra)
 	tools/debian-packages.sh $(DEBIAN_BENCH_PACKAGES)
 
-bench: bench-deps
+bench: bench-deps bytecode
 	$(PY) -m bench.run_all
 
-bench-peers: bench-deps  # only the peers benchmark (bench/peers/); BENCH_ARGS=--quick for a ~1-minute run
+bench-peers: bench-deps bytecode  # only the peers benchmark (bench/peers/); BENCH_ARGS=--quick for a ~1-minute run
 	$(PY) -m bench.peers $(BENCH_ARGS)
 
 clean:
