@@ -34,7 +34,7 @@ class Config:
     default_queues: int = 4
     auto_create_topics: bool = True
     long_poll_ms: int = 15000
-    busy_poll_us: int = 50  # after a request, poll the sockets this long before sleeping (broker/busy_poll.py)
+    busy_poll_us: int = 50  # after a request's work, poll the sockets this long before sleeping (broker/busy_poll.py)
     pull_batch: int = 32
     pull_max_bytes: int = 4 * MiB
     offset_persist_ms: int = 5000

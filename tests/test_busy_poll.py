@@ -71,6 +71,28 @@ def test_requests_during_a_spin_are_caught_and_keep_it_open():
     assert poll.spin_credit.credit == 3 + 5 - MISS_COST
 
 
+def test_the_window_opens_when_the_requests_work_is_done_not_when_it_arrived():
+    """The window is the wait for the client's next request: a request whose work takes longer
+    than the window (here the loop is held 0.3 s, the window is 0.2 s) still leaves the whole
+    window for the next one, which comes 0.05 s after the work."""
+    async def main():
+        poll = BusyPoll(asyncio.get_running_loop(), 0.2)
+        poll.poke()
+        time.sleep(0.3)  # the request's own work, on the loop
+        await asyncio.sleep(0.05)  # the client's turnaround
+        caught_in_time = poll.missed == 0
+        poll.poke()
+        deadline = time.monotonic() + 10
+        while poll.missed == 0:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.001)
+        return poll, caught_in_time
+
+    poll, caught_in_time = asyncio.run(main())
+    assert caught_in_time, "the window ran out during the request's own work"
+    assert (poll.spins, poll.caught, poll.missed) == (1, 1, 1)
+
+
 def test_misses_turn_it_off_and_it_tries_again_after_retry_after_requests():
     async def main():
         poll = BusyPoll(asyncio.get_running_loop(), 1e-6)  # runs out before the loop's next turn

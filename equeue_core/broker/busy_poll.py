@@ -15,6 +15,15 @@ epoll_wait that takes whatever arrived, then the callback, which yields the vCPU
 any thread or process waiting for it: the spin uses a vCPU nobody else wants, and a request or
 another broker thread never waits behind it.
 
+The window opens at the first turn after a request's work, not at its arrival: it is the wait for
+the client's next request, and the broker's own work on this one must not use it up. Counted
+from the arrival, a 50 µs window on the slower VM of 2026-11-29 (~30 µs of work for a send, ~20 µs
+for the client to send the next) ran out before most next requests came. Each run-out cost
+credit, the broker went to sleep between sends, its wake-ups made every round trip longer, and
+single sends settled at 8-16k/s in some runs and 28-31k/s in others. Counted from the turn after
+the work, the broker's spin caught 99-102 % of back-to-back sends instead of 81-91 %
+("The busy-poll window from the end of the work", docs/benchmarks.md).
+
 When: only while it pays (equeue_core/spin_credit.py). A request that arrives while the loop
 spins is a catch (one credit, up to CREDIT_MAX); a window that runs out with nothing is a miss
 (MISS_COST credits). At zero credit the broker stops spinning and tries again after RETRY_AFTER
@@ -37,7 +46,7 @@ class BusyPoll:
     """The broker's busy polling (see the module docstring). `poke()` on every request, on the
     loop thread; `window_s` 0 makes it do nothing."""
 
-    __slots__ = ("_loop", "window", "_until", "_started", "_spinning", "spin_credit",
+    __slots__ = ("_loop", "window", "_until", "_renew", "_started", "_spinning", "spin_credit",
                  "spins", "caught", "missed", "spin_s", "_clock", "_give_way")
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None, window_s: float) -> None:
@@ -45,6 +54,7 @@ class BusyPoll:
         self._loop = loop
         self.window = max(0.0, window_s) if loop is not None else 0.0
         self._until = 0.0
+        self._renew = False
         self._started = 0.0
         self._spinning = False
         self.spin_credit = SpinCredit()
@@ -56,25 +66,29 @@ class BusyPoll:
         self._give_way = os.sched_yield
 
     def poke(self) -> None:
-        """A request arrived: keep (or start) polling for `window` from now, credit allowing."""
+        """A request arrived: keep (or start) polling, credit allowing, for `window` from the
+        loop's next turn, which comes once this request's work (and the rest of the turn's)
+        is done."""
         if not self.window:
             return
-        now = self._clock()
         if self._spinning:
-            self._until = now + self.window
+            self._renew = True
             self.caught += 1
             self.spin_credit.caught()
             return
         if not self.spin_credit.allows():
             return
         self._spinning = True
-        self._until = now + self.window
-        self._started = now
+        self._renew = True
+        self._started = self._clock()
         self.spins += 1
         self._loop.call_soon(self._turn)  # type: ignore[union-attr]
 
     def _turn(self) -> None:
         now = self._clock()
+        if self._renew:
+            self._renew = False
+            self._until = now + self.window
         if now < self._until:
             self._give_way()
             self._loop.call_soon(self._turn)  # type: ignore[union-attr]
