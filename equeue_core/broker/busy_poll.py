@@ -16,13 +16,14 @@ any thread or process waiting for it: the spin uses a vCPU nobody else wants, an
 another broker thread never waits behind it.
 
 The window opens at the first turn after a request's work, not at its arrival: it is the wait for
-the client's next request, and the broker's own work on this one must not use it up. Counted
-from the arrival, a 50 µs window on the slower VM of 2026-11-29 (~30 µs of work for a send, ~20 µs
-for the client to send the next) ran out before most next requests came. Each run-out cost
-credit, the broker went to sleep between sends, its wake-ups made every round trip longer, and
-single sends settled at 8-16k/s in some runs and 28-31k/s in others. Counted from the turn after
-the work, the broker's spin caught 99-102 % of back-to-back sends instead of 81-91 %
-("The busy-poll window from the end of the work", docs/benchmarks.md).
+the client's next request, and the broker's own work on this one must not use it up. On the
+slower VM of 2026-11-29 a send's work took ~30 µs and the client ~20 µs to send the next one, so a
+50 µs window counted from the arrival ran out before the next request often enough (8-19 % of
+back-to-back sends came after it) that, in stretches, the credit hit zero and the broker slept
+between sends; its wake-ups made every round trip longer, which kept it there. Single sends ran
+11-17k/s in some runs and 25-29k/s in others. Counted from the turn after the work, the spin
+caught 99-102 % of them ("A broker's start, and the busy-poll window from the end of the work",
+docs/benchmarks.md).
 
 When: only while it pays (equeue_core/spin_credit.py). A request that arrives while the loop
 spins is a catch (one credit, up to CREDIT_MAX); a window that runs out with nothing is a miss
