@@ -31,7 +31,7 @@ install-all: $(VENV)/.all
 # source again, 0.15-0.2 s of each start (a broker's start to "listening": 0.45 s, 0.27 s with
 # the cache). Python still reads a cache it may not write, and compileall skips what is up to
 # date, so this costs ~0.5 s once.
-PY_SOURCES := equeue_core plugins spark cqrs bench tests examples tools pyspark_equeue.py
+PY_SOURCES := equeue_core plugins spark cqrs bench tests examples pyspark_equeue.py
 bytecode: $(VENV)/.base
 	$(PY) -m compileall -q -j 0 $(PY_SOURCES)
 
