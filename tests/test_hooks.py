@@ -15,6 +15,7 @@ from equeue_core import contracts, hookspecs
 from equeue_core.contracts import StoreSettings
 from equeue_core.errors import PluginError
 from equeue_core.hookspecs import hookimpl
+from equeue_core.import_on_call import ImportOnCall
 from equeue_core.plugins import HOOKS, PluginManager, get_plugin_manager
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "plugins.md"
@@ -204,14 +205,39 @@ def test_hook_equeue_authorizers(tmp_path):
         own.authorizer("site")(Config(authorizer="site")).authorize(Frame(Code.SEND), "127.0.0.1:1")
 
 
-def test_asking_for_one_kind_calls_no_other_kinds_hooks():
-    """Hooks are called kind by kind on first use: a broker that asks for its store and transport
-    never calls the event stores' hook, which imports the whole CQRS package."""
+def test_a_broker_on_file_and_tcp_imports_no_other_plugins_libraries(tmp_path):
+    """Hooks are called kind by kind on first use, and every built-in plugin names its
+    implementation (ImportOnCall) instead of importing it: a process that opens the file store and
+    a tcp transport imports neither the other stores' and transports' libraries nor the CQRS
+    package, and asking for one of them by name imports it only when it is called."""
     code = ("import sys\n"
+            "from equeue_core.contracts import StoreSettings\n"
             "from equeue_core.plugins import get_plugin_manager\n"
             "pm = get_plugin_manager()\n"
-            "pm.store_engine('file'), pm.transport('tcp')\n"
-            "assert 'equeue_cqrs' not in sys.modules, 'a store and a transport imported equeue_cqrs'\n"
-            "assert pm.event_store('lmdb') and 'equeue_cqrs' in sys.modules\n")
+            f"engine = pm.store_engine('file')(StoreSettings(data_dir={str(tmp_path / 'data')!r}))\n"
+            "pm.transport('tcp'), pm.authorizer('acl'), pm.store_reader('rocksdb')\n"
+            "costly = ('equeue_cqrs', 'rocksdict', 'lmdb', 'zmq', 'equeue_plugins.auth_acl.authorizer')\n"
+            "assert not [m for m in costly if m in sys.modules], [m for m in costly if m in sys.modules]\n"
+            "engine.close()\n"
+            "pm.event_store('lmdb').resolve()\n"
+            "assert 'equeue_cqrs' in sys.modules and 'lmdb' in sys.modules and 'rocksdict' not in sys.modules\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_an_implementation_that_cannot_be_imported_is_a_plugin_error_when_called():
+    """A plugin whose library is missing still lists its name; the first call says what failed
+    to import, as a PluginError, instead of an ImportError from deep inside the broker's start."""
+    class MissingLibrary:
+        @hookimpl
+        def equeue_store_engines(self):
+            return {"elsewhere": ImportOnCall("no_such_package_for_equeue.engine:Engine")}
+
+    own = PluginManager(load_entry_points=False)
+    own.register(MissingLibrary(), name="missing")
+    assert own.names("equeue_store_engines") == ["elsewhere"]
+    factory = own.store_engine("elsewhere")
+    with pytest.raises(PluginError, match="no_such_package_for_equeue.engine:Engine could not be imported"):
+        factory(StoreSettings(data_dir="unused"))
+    with pytest.raises(ValueError, match="package.module:Name"):
+        ImportOnCall("no_colon")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from equeue_plugins.auth_acl.authorizer import AclAuthorizer
-
 from equeue_core.hookspecs import hookimpl
+from equeue_core.import_on_call import ImportOnCall
 
 
 @hookimpl
 def equeue_authorizers() -> dict:
-    return {"acl": AclAuthorizer.from_config}
+    return {"acl": ImportOnCall("equeue_plugins.auth_acl.authorizer:AclAuthorizer.from_config")}

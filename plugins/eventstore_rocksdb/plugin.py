@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from equeue_core.hookspecs import hookimpl
+from equeue_core.import_on_call import ImportOnCall
 
 
 @hookimpl
 def equeue_event_stores() -> dict:
-    from equeue_plugins.eventstore_rocksdb.store import RocksdbEventStore
-
-    return {"rocksdb": RocksdbEventStore}
+    return {"rocksdb": ImportOnCall("equeue_plugins.eventstore_rocksdb.store:RocksdbEventStore")}

@@ -9,16 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from equeue_core.hookspecs import hookimpl
-
-from .engine import FileEngine
-from .reader import FileStoreReader
+from equeue_core.import_on_call import ImportOnCall
 
 
 @hookimpl
 def equeue_store_engines() -> dict[str, Any]:
-    return {"file": FileEngine}
+    return {"file": ImportOnCall("equeue_plugins.store_file.engine:FileEngine")}
 
 
 @hookimpl
 def equeue_store_readers() -> dict[str, Any]:
-    return {"file": FileStoreReader}
+    return {"file": ImportOnCall("equeue_plugins.store_file.reader:FileStoreReader")}

@@ -4,16 +4,14 @@ reader, both named "lmdb"."""
 from __future__ import annotations
 
 from equeue_core.hookspecs import hookimpl
-
-from .engine import LmdbEngine
-from .reader import LmdbStoreReader
+from equeue_core.import_on_call import ImportOnCall
 
 
 @hookimpl
 def equeue_store_engines() -> dict:
-    return {"lmdb": LmdbEngine}
+    return {"lmdb": ImportOnCall("equeue_plugins.store_lmdb.engine:LmdbEngine")}
 
 
 @hookimpl
 def equeue_store_readers() -> dict:
-    return {"lmdb": LmdbStoreReader}
+    return {"lmdb": ImportOnCall("equeue_plugins.store_lmdb.reader:LmdbStoreReader")}

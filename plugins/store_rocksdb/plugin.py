@@ -4,16 +4,14 @@ reader, both named "rocksdb"."""
 from __future__ import annotations
 
 from equeue_core.hookspecs import hookimpl
-
-from .engine import RocksEngine
-from .reader import RocksStoreReader
+from equeue_core.import_on_call import ImportOnCall
 
 
 @hookimpl
 def equeue_store_engines() -> dict:
-    return {"rocksdb": RocksEngine}
+    return {"rocksdb": ImportOnCall("equeue_plugins.store_rocksdb.engine:RocksEngine")}
 
 
 @hookimpl
 def equeue_store_readers() -> dict:
-    return {"rocksdb": RocksStoreReader}
+    return {"rocksdb": ImportOnCall("equeue_plugins.store_rocksdb.reader:RocksStoreReader")}
