@@ -3,9 +3,9 @@
 The plugin manager asks every plugin of a kind for its names at once (a broker asking for the
 `file` store calls every `equeue_store_engines` hook), so a plugin that imports its engine at the
 top of its module makes every process pay for every store's and transport's libraries: rocksdict,
-lmdb and pyzmq were ~30 ms of a broker's ~185 ms start, for a broker that uses none of them.
-A hook that returns `ImportOnCall("package.module:Name")` instead of `Name` costs nothing until
-config picks it.
+lmdb and pyzmq were 20-25 ms of a broker's ~197 ms start (and ~40 ms of a client's), for a broker
+that uses none of them. A hook that returns `ImportOnCall("package.module:Name")` instead of `Name`
+costs nothing until config picks it (docs/plugins.md).
 
 Guaranteed: the target is imported once, on the first call, and then called with the same
 arguments as the factory; an import that fails (a library not installed) raises PluginError naming
