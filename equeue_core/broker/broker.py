@@ -415,8 +415,10 @@ class Broker:
         else:
             result = self._store(topic, queue_id, batch, starts)
         if sync:
-            # one wait per request for both: the local flush and the replicas' acknowledgements
+            # one wait per request for both: the local flush and the replicas' acknowledgements,
+            # the latter watched from this turn on (a demotion before the wait begins fails it)
             return self._send_acknowledged(frame, result.end_position,
+                                           replication.watch_replicated(result.end_position),
                                            functools.partial(self._send_answer, frame, queue_id, result, arrived))
         if self.config.flush == "sync":
             return self._send_when_durable(frame, result.end_position,
@@ -457,7 +459,8 @@ class Broker:
             self._stored(topic, queue_id, len(starts), len(batch))
         answer = functools.partial(self._send_multi_answer, frame, stored, failed, arrived)
         if sync:
-            return self._send_acknowledged(frame, stored[-1].end_position, answer)
+            end = stored[-1].end_position
+            return self._send_acknowledged(frame, end, replication.watch_replicated(end), answer)
         if self.config.flush == "sync":
             return self._send_when_durable(frame, stored[-1].end_position, answer)
         return answer()
@@ -503,11 +506,12 @@ class Broker:
         flushed.add_done_callback(resolved)
         return late
 
-    async def _send_acknowledged(self, frame: Frame, end_position: int,
+    async def _send_acknowledged(self, frame: Frame, end_position: int, watched: Any,
                                  answer: Callable[[], Frame | None]) -> Frame | None:
         """Sync replication: `answer()` once `end_position` is both flushed as configured and
-        acknowledged by enough replicas."""
-        await asyncio.gather(self._durable_at(end_position), self.replication.replicated(end_position))
+        acknowledged by enough replicas (`watched`: Replication.watch_replicated, started in the
+        loop turn that stored it)."""
+        await asyncio.gather(self._durable_at(end_position), self.replication.replicated(watched))
         return answer()
 
     def _send_answer(self, frame: Frame, queue_id: int, result, arrived: float) -> Frame | None:

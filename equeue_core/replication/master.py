@@ -5,10 +5,12 @@ acknowledgement, since it only asks for more after it stored what it had. The ma
 replica its acked end and when it was last heard; a replica is *in sync* while it is connected,
 was heard within IN_SYNC_SILENCE_S and is at most `replica_max_lag_bytes` behind the log end.
 
-Sync replication (`wait_replicated`): a send is answered once `min_insync` replicas acked its end
-position. Before storing, `require_in_sync` refuses a send at once when fewer replicas are in sync
-(never a silent downgrade); a waiter fails with NotEnoughReplicasError when the in-sync set drops
-below `min_insync` or after ACK_TIMEOUT_S, so a send never hangs.
+Sync replication (`watch`, then `wait_replicated`): a send is answered once `min_insync` replicas
+acked its end position. Before storing, `require_in_sync` refuses a send at once when fewer
+replicas are in sync (never a silent downgrade); a waiter fails with NotEnoughReplicasError when
+the in-sync set drops below `min_insync`, when this broker stops being master (`forget`) or after
+ACK_TIMEOUT_S, so a send never hangs and is never answered as replicated by a broker that was
+demoted before its replicas had it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from equeue_core.errors import NotEnoughReplicasError, ProtocolError, ReplicaRefusedError
+from equeue_core.errors import NotEnoughReplicasError, NotMasterError, ProtocolError, ReplicaRefusedError
 from equeue_core.frame import Frame
 from equeue_core.threads import run_to_end
 
@@ -45,10 +47,38 @@ class ReplicaState:
     connected: bool = True
 
 
-@dataclass
+@dataclass(eq=False)
 class _Waiter:
+    """A stored write's wait for its replicas' acknowledgements (Master.watch)."""
+
     end: int
     future: asyncio.Future
+    owner: Master
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    """Mark a waiter's outcome as seen: a send whose answer never waited (its connection closed
+    first) must not log "Future exception was never retrieved" when its broker is demoted."""
+    if not future.cancelled():
+        future.exception()
+
+
+async def wait_replicated(waiter: _Waiter | None) -> None:
+    """Until the replicas acked what `waiter` watches (None: they had already); raises
+    NotEnoughReplicasError when that cannot happen, or after ACK_TIMEOUT_S."""
+    if waiter is None:
+        return
+    master = waiter.owner
+    try:
+        await asyncio.wait_for(asyncio.shield(waiter.future), ACK_TIMEOUT_S)
+    except TimeoutError:
+        raise NotEnoughReplicasError(
+            f"stored, but not acknowledged by {master.repl.config.min_insync} replica(s) within "
+            f"{ACK_TIMEOUT_S:g} s", in_sync=len(master.in_sync_ids()),
+            min_insync=master.repl.config.min_insync) from None
+    finally:
+        if waiter in master._waiters:
+            master._waiters.remove(waiter)
 
 
 def _int(h: dict, key: str, default: Any = ...) -> int:
@@ -82,23 +112,20 @@ class Master:
             raise NotEnoughReplicasError(f"{len(have)} in-sync replica(s), sync replication needs {need}",
                                          in_sync=len(have), min_insync=need)
 
-    async def wait_replicated(self, end: int) -> None:
-        """Until min_insync replicas acked end; NotEnoughReplicasError when that cannot happen."""
+    def watch(self, end: int) -> _Waiter | None:
+        """Start waiting for min_insync replicas to ack `end` (None: they already have), for
+        `wait_replicated`. The broker calls this in the loop turn that stored the write, so a
+        demotion in any later turn (`forget`) fails the wait. Started only when the answer's task
+        first ran, a loop turn or more after the store, the wait let a send stored as master and
+        demoted in between be answered as replicated though no replica had it: the new master
+        never had it, and the old one cut it from its log (docs/replication.md)."""
         if self._acked_by(end) >= self.repl.config.min_insync:
-            return
+            return None
         fut = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(end, fut)
+        fut.add_done_callback(_retrieve)
+        waiter = _Waiter(end, fut, self)
         self._waiters.append(waiter)
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), ACK_TIMEOUT_S)
-        except TimeoutError:
-            raise NotEnoughReplicasError(
-                f"stored, but not acknowledged by {self.repl.config.min_insync} replica(s) within "
-                f"{ACK_TIMEOUT_S:g} s", in_sync=len(self.in_sync_ids()),
-                min_insync=self.repl.config.min_insync) from None
-        finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
+        return waiter
 
     def _acked_by(self, end: int) -> int:
         ids = set(self.in_sync_ids())
@@ -200,6 +227,7 @@ class Master:
         if end - position > INLINE_READ_BYTES:
             # a replica catching up reads old chunks, maybe from disk: off the event loop
             data = await run_to_end(self.repl.log.read_log, position, max_bytes)
+            self._check_still_master()
         else:  # the newest bytes (the file store's ring): cheaper than a thread hop
             data = self.repl.log.read_log(position, max_bytes)
         if not data and wait_ms:
@@ -209,10 +237,24 @@ class Master:
                 await asyncio.wait_for(grew.wait(), wait_ms / 1000)
             except TimeoutError:
                 pass
-            if self.repl.is_master:
-                data = self.repl.log.read_log(position, max_bytes)
+            self._check_still_master()
+            data = self.repl.log.read_log(position, max_bytes)
         return frame.response({"end": self.repl.log.end_position(), "epoch": self.repl.epoch,
                                "epochs": [list(e) for e in self.repl.epochs.entries]}, data)
+
+    def _check_still_master(self) -> None:
+        """A fetch that waited (a held fetch, a read off the loop) answers only while this Master
+        is still the broker's (a new epoch while it stays master keeps it, and keeps its replicas
+        copying): otherwise NotMasterError, and the replica asks for the group's master again.
+        Answered after a demotion, the fetch carried the new epoch to a replica that was still
+        copying from here; its next heartbeat then said "replica in the new epoch", which the
+        controller reads as its newly elected master having restarted, and it elected again
+        (tests/controller/test_group_routes.py saw the flap). After a demotion and a promotion the
+        data would also come from a log that may have been cut in between."""
+        repl = self.repl
+        if repl.master is not self or not repl.is_master:
+            raise NotMasterError("this broker stopped being master while the fetch waited",
+                                 master=repl.master_address or "")
 
     def status(self) -> dict[int, dict]:
         now = time.monotonic()

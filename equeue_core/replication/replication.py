@@ -22,7 +22,7 @@ from equeue_core.codes import Code
 from equeue_core.errors import NotMasterError, ProtocolError, ReplicaRefusedError
 from equeue_core.frame import Frame
 from equeue_core.replication.epochs import EpochFile
-from equeue_core.replication.master import Master
+from equeue_core.replication.master import Master, wait_replicated
 from equeue_core.replication.replica import ReplicaCopier
 from equeue_core.replication.sync_meta import MetaSync
 
@@ -171,9 +171,16 @@ class Replication:
         if self.sync_required():
             self.master.require_in_sync()
 
-    async def replicated(self, end: int) -> None:
-        if self.sync_required():
-            await self.master.wait_replicated(end)
+    def watch_replicated(self, end: int) -> Any:
+        """A write stored under sync replication (`sync_required()` was true in this loop turn):
+        what `replicated` waits on, started now so that a demotion from here on fails it
+        (Master.watch)."""
+        return self.master.watch(end)
+
+    async def replicated(self, watched: Any) -> None:
+        """Until the replicas acked what `watch_replicated` watched; NotEnoughReplicasError when
+        they cannot, or when this broker stopped being master first."""
+        await wait_replicated(watched)
 
     def appended(self) -> None:
         if self.is_master:

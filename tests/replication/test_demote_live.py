@@ -14,6 +14,7 @@ from equeue_core.client.admin import AdminClient
 from equeue_core.client.message import Message
 from equeue_core.client.producer import Producer
 from equeue_core.codes import Code
+from tests.helpers.waiting import wait_until
 
 from .group import log_text, master, replica, request, status, wait_caught_up, wait_in_sync
 
@@ -75,3 +76,21 @@ def test_master_demoted_while_running_serves_its_queues_from_offset_zero(tmp_pat
         for q, (mine, theirs) in enumerate(zip(old_records, records, strict=True)):
             assert mine == theirs, f"queue {q}: the demoted broker serves other records than its new master"
         assert not any(body.startswith(b"unreplicated-") for r in old_records for _off, body in r)
+
+
+def test_a_replica_keeps_its_epoch_when_its_master_is_demoted_while_its_fetch_waits(tmp_path):
+    """A replica with nothing to copy has a fetch held on the master. The master is demoted (to an
+    epoch ahead), and that wakes the held fetch. The fetch must fail (not_master), not answer: its
+    answer carried the demoted broker's new epoch, the replica took it, and its next controller
+    heartbeat said "replica in the new epoch". That is how a controller sees a newly elected
+    master that restarted, so it elected again (tests/controller/test_group_routes.py flapped)."""
+    m = master(tmp_path)
+    r = replica(tmp_path, m)
+    with m.start(), r.start():
+        wait_in_sync(m)
+        before = status(r)["epoch"]
+        st = request(m, Code.REPL_DEMOTE, {"master": "127.0.0.1:1", "epoch": before + 5})
+        assert (st["role"], st["epoch"]) == ("replica", before + 5)
+        assert wait_until(lambda: f"replication from 127.0.0.1:{m.port} stopped" in log_text(r), 15, 0.1), \
+            log_text(r)[-2000:]
+        assert status(r)["epoch"] == before

@@ -3,11 +3,16 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from equeue_core import record
+from equeue_core.client.connection import BrokerConnection
 from equeue_core.client.message import Message
 from equeue_core.client.producer import Producer
-from equeue_core.errors import NotEnoughReplicasError
+from equeue_core.codes import Code
+from equeue_core.errors import NotEnoughReplicasError, NotMasterError
 from tests.helpers.waiting import wait_until
 
 from .group import master, replica, status, wait_in_sync
@@ -106,3 +111,34 @@ def test_a_stalled_replica_leaves_the_in_sync_set_when_too_far_behind_or_silent_
         finally:
             os.kill(r.proc.pid, signal.SIGCONT)
         wait_in_sync(m)
+
+
+def test_a_sync_send_stored_as_its_broker_is_demoted_is_not_acknowledged(tmp_path):
+    """Acknowledged means replicated, even when the master is demoted in the loop turn right after
+    it stored the send. The SEND and the demotion go out in one write, so the broker handles them
+    in one turn. The replica is frozen, so no acknowledgement of it can come. Before the fix, the
+    send's wait for its replicas began a turn later, saw a replica broker (no sync wait needed)
+    and answered the send as stored: the failover test lost such a send."""
+    m = master(tmp_path, replication="sync")
+    r = replica(tmp_path, m)
+    with m.start(), r.start():
+        wait_in_sync(m)
+        with Producer(m.address) as p:
+            p.send(Message(TOPIC, b"replicated"))  # the topic exists, its queue 0 was written
+        body = record.encode_record(TOPIC, b"stored as the master is demoted")
+
+        async def send_and_demote() -> list:
+            conn = await BrokerConnection(m.address).connect()
+            try:
+                return await asyncio.gather(
+                    conn.request(Code.SEND, {"topic": TOPIC, "queue_id": 0}, body, timeout=15),
+                    conn.request(Code.REPL_DEMOTE, {"master": f"127.0.0.1:{r.port}", "epoch": 1}, timeout=15),
+                    return_exceptions=True)
+            finally:
+                await conn.close()
+
+        with r.frozen():
+            sent, demoted = asyncio.run(send_and_demote())
+        assert not isinstance(demoted, BaseException), demoted
+        assert demoted.header["role"] == "replica"
+        assert isinstance(sent, (NotEnoughReplicasError, NotMasterError)), f"the send was answered: {sent!r}"
