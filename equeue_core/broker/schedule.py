@@ -599,6 +599,14 @@ class Scheduler:
         if level is not None and not isinstance(level, int):
             raise ProtocolError("delay_level must be an integer")
         _h, _p, position = msgid.decode(msg)
+        # A send-back is a write its consumer acts on (it commits past the message once this is
+        # answered), so it is acknowledged as a SEND is: with sync replication only once the
+        # replicas have it, watched from the turn that stores it (Master.watch)
+        replication = self.broker.replication
+        sync = replication.sync_required()
+        if sync:
+            replication.require_in_sync()  # not_enough_replicas before storing
         where, result = self.send_back(group, position, max_reconsume, level)
-        await self.broker.durable(result)
+        watched = replication.watch_replicated(result.end_position) if sync else None
+        await asyncio.gather(self.broker.durable(result), replication.replicated(watched))
         return frame.response({"topic": where})

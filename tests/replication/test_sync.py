@@ -142,3 +142,31 @@ def test_a_sync_send_stored_as_its_broker_is_demoted_is_not_acknowledged(tmp_pat
         assert not isinstance(demoted, BaseException), demoted
         assert demoted.header["role"] == "replica"
         assert isinstance(sent, (NotEnoughReplicasError, NotMasterError)), f"the send was answered: {sent!r}"
+
+
+def test_a_sync_send_back_is_answered_only_once_the_replica_has_it(tmp_path):
+    """A consumer commits past a message once its send-back is answered, so with sync replication
+    the send-back waits for the replicas as a send does. With the replica frozen it fails after
+    the 5 s acknowledgement timeout (it was answered at once before: stored on the master only, a
+    failover right then lost the message's retry while its offset was committed)."""
+    m = master(tmp_path, replication="sync")
+    r = replica(tmp_path, m)
+    with m.start(), r.start():
+        wait_in_sync(m)
+        with Producer(m.address) as p:
+            msg_id = p.send(Message(TOPIC, b"fails and goes back")).msg_id
+
+        async def send_back() -> dict:
+            conn = await BrokerConnection(m.address).connect()
+            try:
+                return (await conn.request(Code.SEND_BACK, {"group": "g", "msg_id": msg_id, "max_reconsume": 16},
+                                           timeout=30)).header
+            finally:
+                await conn.close()
+
+        with r.frozen(), pytest.raises(NotEnoughReplicasError, match="not acknowledged"):
+            asyncio.run(send_back())
+        wait_in_sync(m)
+        assert asyncio.run(send_back())["topic"] == "%RETRY%g"
+        st = status(m)
+        assert st["replicas"]["1"]["log_end"] == st["log_end"]
