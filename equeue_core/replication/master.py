@@ -115,10 +115,10 @@ class Master:
     def watch(self, end: int) -> _Waiter | None:
         """Start waiting for min_insync replicas to ack `end` (None: they already have), for
         `wait_replicated`. The broker calls this in the loop turn that stored the write, so a
-        demotion in any later turn (`forget`) fails the wait. Started only when the answer's task
-        first ran, a loop turn or more after the store, the wait let a send stored as master and
-        demoted in between be answered as replicated though no replica had it: the new master
-        never had it, and the old one cut it from its log (docs/replication.md)."""
+        demotion in any later turn (`forget`) fails the wait. The wait used to start when the
+        answer's task first ran, a loop turn or more after the store: a send stored as master
+        and demoted in between was then answered as replicated though no replica had it, the
+        new master never had it, and the old one cut it from its log (docs/replication.md)."""
         if self._acked_by(end) >= self.repl.config.min_insync:
             return None
         fut = asyncio.get_running_loop().create_future()
