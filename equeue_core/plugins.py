@@ -69,9 +69,9 @@ class PluginManager:
 
     def _registry(self, hook_name: str) -> dict[str, tuple[Any, str]]:
         """One hook's implementations by name, asked of the plugins on first use. Hook by hook, not
-        all at once: a plugin's hook may import its implementation only when called (the event
-        stores pull in the whole CQRS package), and a broker that never asks for an event store
-        should not pay for that import at every start."""
+        all at once: a third-party plugin's hook may import its implementation when called (the
+        built-ins name theirs instead, equeue_core/import_on_call.py), and a broker that never
+        asks for an event store should not pay for that import at every start."""
         entries = self._entries.get(hook_name)
         if entries is not None:
             return entries

@@ -407,9 +407,7 @@ class Broker:
         delayed = None if len(h) == 2 else self.scheduler.due_time(h)
         if len(h) != 2:
             replication.check_epoch(h)  # a write stamped with another epoch: not_master
-        sync = replication.sync_required()
-        if sync:
-            replication.require_in_sync()  # sync replication: not_enough_replicas before storing
+        sync = replication.sync_write()  # sync replication: not_enough_replicas before storing
         if delayed is not None:
             result = self.scheduler.schedule_batch(topic, queue_id, batch, starts, *delayed)
         else:
@@ -448,9 +446,7 @@ class Broker:
             except CorruptRecordError as e:
                 raise InvalidMessageError(f"malformed message batch in section {i} ({topic!r}): {e}") from None
             batches.append((topic, queue_id, batch, starts))
-        sync = replication.sync_required()
-        if sync:
-            replication.require_in_sync()  # sync replication: not_enough_replicas before storing
+        sync = replication.sync_write()  # sync replication: not_enough_replicas before storing
         # nothing stored raises (the request's error answer); else `failed` is the error of the
         # first section not stored, and of every later one
         stored, failed = append_sections(self.store, batches)
@@ -508,11 +504,15 @@ class Broker:
 
     async def _send_acknowledged(self, frame: Frame, end_position: int, watched: Any,
                                  answer: Callable[[], Frame | None]) -> Frame | None:
-        """Sync replication: `answer()` once `end_position` is both flushed as configured and
-        acknowledged by enough replicas (`watched`: Replication.watch_replicated, started in the
-        loop turn that stored it)."""
-        await asyncio.gather(self._durable_at(end_position), self.replication.replicated(watched))
+        """Sync replication: `answer()` once `acknowledged`."""
+        await self.acknowledged(end_position, watched)
         return answer()
+
+    async def acknowledged(self, end_position: int, watched: Any) -> None:
+        """A write stored under sync replication may be answered: `end_position` flushed as
+        configured and acknowledged by enough replicas (`watched`: Replication.watch_replicated,
+        started in the loop turn that stored it), the two waits together."""
+        await asyncio.gather(self._durable_at(end_position), self.replication.replicated(watched))
 
     def _send_answer(self, frame: Frame, queue_id: int, result, arrived: float) -> Frame | None:
         self.metrics.send_latency.observe(time.perf_counter() - arrived)

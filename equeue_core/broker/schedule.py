@@ -603,10 +603,10 @@ class Scheduler:
         # answered), so it is acknowledged as a SEND is: with sync replication only once the
         # replicas have it, watched from the turn that stores it (Master.watch)
         replication = self.broker.replication
-        sync = replication.sync_required()
-        if sync:
-            replication.require_in_sync()  # not_enough_replicas before storing
+        sync = replication.sync_write()  # not_enough_replicas before storing
         where, result = self.send_back(group, position, max_reconsume, level)
-        watched = replication.watch_replicated(result.end_position) if sync else None
-        await asyncio.gather(self.broker.durable(result), replication.replicated(watched))
+        if sync:
+            await self.broker.acknowledged(result.end_position, replication.watch_replicated(result.end_position))
+        else:
+            await self.broker.durable(result)
         return frame.response({"topic": where})

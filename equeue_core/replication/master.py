@@ -6,7 +6,7 @@ replica its acked end and when it was last heard; a replica is *in sync* while i
 was heard within IN_SYNC_SILENCE_S and is at most `replica_max_lag_bytes` behind the log end.
 
 Sync replication (`watch`, then `wait_replicated`): a send is answered once `min_insync` replicas
-acked its end position. Before storing, `require_in_sync` refuses a send at once when fewer
+acked its end position. Before storing, `require_in_sync` (through Replication.sync_write) refuses a send at once when fewer
 replicas are in sync (never a silent downgrade); a waiter fails with NotEnoughReplicasError when
 the in-sync set drops below `min_insync`, when this broker stops being master (`forget`) or after
 ACK_TIMEOUT_S, so a send never hangs and is never answered as replicated by a broker that was

@@ -167,9 +167,14 @@ class Replication:
     def sync_required(self) -> bool:
         return self.is_master and self.config.replication == "sync"
 
-    def require_in_sync(self) -> None:
-        if self.sync_required():
-            self.master.require_in_sync()
+    def sync_write(self) -> bool:
+        """Before storing a write: True when its answer must wait for the replicas (this broker
+        is master under sync replication), and then NotEnoughReplicasError at once if too few are
+        in sync (never a silent downgrade to async)."""
+        if not self.sync_required():
+            return False
+        self.master.require_in_sync()
+        return True
 
     def watch_replicated(self, end: int) -> Any:
         """A write stored under sync replication (`sync_required()` was true in this loop turn):
