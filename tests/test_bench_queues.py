@@ -63,3 +63,19 @@ def test_ratio_rows_take_each_round_against_its_own_4_queue_case():
     assert by_case["1000"]["consume_msgs_per_s"] == 80.0  # the median rate
     assert by_case["1000"]["consume_vs_4_queues"] == {"median": 0.8, "low": 0.7, "high": 0.9}
     assert ratio_rows([row("1000", 1000, 0, 80.0)]) == []  # no 4-queue case: nothing to compare with
+
+
+def test_each_round_starts_one_case_further_on():
+    """Over as many rounds as there are cases, every case runs once in every place of a round (a
+    fixed order always ran the 4-queue case first, and the case in the last place of a round
+    came out slower), and a round keeps the cases' cyclic order."""
+    from bench.bench_queues import CASES, round_cases
+
+    rounds = [round_cases(CASES, r) for r in range(len(CASES))]
+    for place in range(len(CASES)):
+        assert sorted(r[place] for r in rounds) == sorted(CASES)
+    for r in rounds:
+        first = CASES.index(r[0])
+        assert r == CASES[first:] + CASES[:first]
+    assert round_cases(CASES, len(CASES)) == CASES
+    assert round_cases([], 3) == []
