@@ -191,6 +191,7 @@ class BrokerMetrics:
                        for t in topics},
             "groups": self.group_lag(),
             "held_pulls": b.hold.held,
+            "gc_frozen_objects": gc.get_freeze_count(),
             "busy_poll": b.busy_poll.snapshot(),
             "connections": None if connections is None else len(connections),
             "scheduled": b.scheduler.pending,

@@ -29,6 +29,7 @@ DEFAULT_BROKER = "127.0.0.1:10911"
 def cmd_broker(args: argparse.Namespace) -> int:
     from equeue_core import config as config_mod
     from equeue_core.broker.broker import Broker
+    from equeue_core.cli.startup_heap import freeze_startup_heap
 
     overrides = {"data_dir": args.data_dir, "host": args.host, "port": args.port, "flush": args.flush,
                  "store": args.store, "transport": args.transport, "metrics_host": args.metrics_host,
@@ -48,6 +49,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         broker = Broker(cfg)
         await broker.start()
+        freeze_startup_heap()  # this process's own policy, not Broker's (cli/startup_heap.py)
         _log_recovery(broker)
         rec = broker.recovery
         address = f"{cfg.transport}://{broker.address[0]}:{broker.address[1]}"
