@@ -47,8 +47,8 @@ Each round starts one case further on (`round_cases`: round r runs the cases fro
 then the first ones), so over a multiple of four rounds every case runs in every place of a round
 once, and the 4-queue case is not always the first. Its `position` says where a case ran. With
 the order fixed, the same tree gave the 100-topic case 0.72-0.76x of the 4-queue rates in five
-rounds, and 0.91-0.97x in five rounds with the order reversed (docs/benchmarks.md, "Queue-count
-rounds in turn").
+rounds, and 0.91-0.97x in five rounds with the order reversed (docs/benchmarks.md, "The broker's
+startup heap out of the GC, and queue-count rounds in turn").
 
 Not a test: nothing here asserts a time.
 """

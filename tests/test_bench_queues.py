@@ -67,8 +67,8 @@ def test_ratio_rows_take_each_round_against_its_own_4_queue_case():
 
 def test_each_round_starts_one_case_further_on():
     """Over as many rounds as there are cases, every case runs once in every place of a round (a
-    fixed order always ran the 4-queue case first, and the case in the last place of a round
-    came out slower), and a round keeps the cases' cyclic order."""
+    fixed order always ran the 4-queue case first, and a case's place in its round moved its
+    rate), and a round keeps the cases' cyclic order."""
     from bench.bench_queues import CASES, round_cases
 
     rounds = [round_cases(CASES, r) for r in range(len(CASES))]
