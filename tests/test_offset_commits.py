@@ -50,3 +50,19 @@ def test_a_bad_offset_refuses_its_request_and_good_offsets_survive_a_restart(tmp
     finally:
         b.stop()
     assert "Traceback" not in b.log_path.read_text()
+
+
+def test_a_bad_offset_s_error_names_the_whole_entry_and_why():
+    """check_offset makes its error's text only for an error (it runs twice for every committed
+    offset); the text still names the entry, each name cut at 40 characters, and the limit."""
+    from equeue_core.offset_limits import MAX_QUEUE_ID, check_offset
+
+    check_offset("g", "orders", 3, 5)  # a good one: nothing raised
+    with pytest.raises(InvalidOffsetError) as bad_queue:
+        check_offset("g", "orders", -1, 5)
+    assert str(bad_queue.value) == f"offset ['g', 'orders', -1, 5]: the queue id must be 0..{MAX_QUEUE_ID}"
+    with pytest.raises(InvalidOffsetError) as bad_group:
+        check_offset("x" * 70_000, "orders", 0, 1)
+    assert str(bad_group.value).startswith("offset ['" + "x" * 39 + ", 'orders', 0, 1]: the group must be 1..")
+    with pytest.raises(InvalidOffsetError, match=r"\]: the offset must be 0\.\.2\*\*63-1$"):
+        check_offset("g", "orders", 0, True)
