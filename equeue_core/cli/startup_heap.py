@@ -9,7 +9,7 @@ the project's 2-core VM. The broker's requests leave no reference cycles (docs/b
 objects that outlive the young generations (a consumer taking 1000 queues parks 1000 held pulls)
 ends in one: every drain of 300k messages from 1000 queues had one full collection of 11-16 ms.
 With the startup heap frozen (`gc.freeze()`), a full collection walks only what was made since:
-0.2-1.2 ms after the same drain (docs/benchmarks.md, "The broker's startup heap out of the GC").
+0.1-1.0 ms after the same drain (docs/benchmarks.md, "The broker's startup heap out of the GC").
 
 What is guaranteed, and what it costs:
 - Only the broker command's own process does this (equeue_core/cli/main.py, after the broker has
