@@ -415,8 +415,7 @@ class Broker:
         if sync:
             # one wait per request for both: the local flush and the replicas' acknowledgements,
             # the latter watched from this turn on (a demotion before the wait begins fails it)
-            return self._send_acknowledged(frame, result.end_position,
-                                           replication.watch_replicated(result.end_position),
+            return self._send_acknowledged(result.end_position, replication.watch_replicated(result.end_position),
                                            functools.partial(self._send_answer, frame, queue_id, result, arrived))
         if self.config.flush == "sync":
             return self._send_when_durable(frame, result.end_position,
@@ -456,7 +455,7 @@ class Broker:
         answer = functools.partial(self._send_multi_answer, frame, stored, failed, arrived)
         if sync:
             end = stored[-1].end_position
-            return self._send_acknowledged(frame, end, replication.watch_replicated(end), answer)
+            return self._send_acknowledged(end, replication.watch_replicated(end), answer)
         if self.config.flush == "sync":
             return self._send_when_durable(frame, stored[-1].end_position, answer)
         return answer()
@@ -502,7 +501,7 @@ class Broker:
         flushed.add_done_callback(resolved)
         return late
 
-    async def _send_acknowledged(self, frame: Frame, end_position: int, watched: Any,
+    async def _send_acknowledged(self, end_position: int, watched: Any,
                                  answer: Callable[[], Frame | None]) -> Frame | None:
         """Sync replication: `answer()` once `acknowledged`."""
         await self.acknowledged(end_position, watched)
