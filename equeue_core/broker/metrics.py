@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from equeue_core import flush
+from equeue_core.allocator import malloc_settings
 from equeue_core.codes import Code
 from equeue_core.contracts import ServerConnection
 from equeue_core.frame import Frame
@@ -192,6 +193,7 @@ class BrokerMetrics:
             "groups": self.group_lag(),
             "held_pulls": b.hold.held,
             "gc_frozen_objects": gc.get_freeze_count(),
+            "malloc": malloc_settings(),
             "busy_poll": b.busy_poll.snapshot(),
             "connections": None if connections is None else len(connections),
             "scheduled": b.scheduler.pending,

@@ -28,6 +28,7 @@ DEFAULT_BROKER = "127.0.0.1:10911"
 
 def cmd_broker(args: argparse.Namespace) -> int:
     from equeue_core import config as config_mod
+    from equeue_core.allocator import keep_freed_memory
     from equeue_core.broker.broker import Broker
     from equeue_core.cli.startup_heap import freeze_startup_heap
 
@@ -41,6 +42,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
                  **_server_security_overrides(args)}
     cfg = config_mod.load(args.config, overrides)
     logs.configure(cfg.log_format)
+    keep_freed_memory()  # this process's own policy, not Broker's (equeue_core/allocator.py)
 
     async def main() -> None:
         stop = asyncio.Event()
