@@ -19,6 +19,7 @@ RUNS = [
     ["bench.bench_spark", "--messages", "300000"],
     ["bench.bench_cqrs", "--count", "40000"],
     ["bench.bench_queues", "--count", "50000"],
+    ["bench.bench_sections", "--count", "100000", "--rounds", "3"],
     ["bench.bench_push_handoff", "--count", "5000", "--models", "loop,pulling"],
     ["bench.peers"],  # EQueue against Redis Streams, NATS JetStream, RabbitMQ (bench/peers/)
 ]

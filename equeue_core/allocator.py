@@ -6,7 +6,7 @@ passes the trim threshold (twice the mmap threshold). A broker frees its large b
 a request is done: a SEND or SEND_MULTI frame's body, and the commit-log write that joins a
 SEND_MULTI's sections, each up to a producer's 512 KiB batch. Whether the next frame's buffers
 found those pages again or fresh ones depended on the heap's history, and every first touch of a
-fresh page is a page fault (~2.7 µs on the project's 2-core VM). 300k messages of 1 KiB over 100
+fresh page is a page fault (~2.5 µs on the project's 2-core VM). 300k messages of 1 KiB over 100
 topics cost a broker process 130k page faults; its CPU a message was 2.57 µs, 1.73 of them in
 the kernel, and the produce ran at 284k msg/s. With the thresholds fixed: 1.1k faults, 1.79 µs
 (0.73 in the kernel), 343k msg/s (docs/benchmarks.md, "Page faults on every large frame").
