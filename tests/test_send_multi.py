@@ -96,6 +96,7 @@ GOOD = ("m.bad", 0, [b"fine"])
 @pytest.mark.parametrize("case, error", [
     ("queue out of range", QueueNotFoundError),
     ("system topic", SystemTopicError),
+    ("existing system topic", SystemTopicError),
     ("malformed records", InvalidMessageError),
     ("lengths off", ProtocolError),
     ("zero length", ProtocolError),
@@ -110,6 +111,12 @@ def test_a_bad_section_refuses_the_whole_request_and_stores_nothing(broker, case
         call = lambda: multi(broker.address, [GOOD, ("m.bad", 4, [b"x"])])  # noqa: E731
     elif case == "system topic":
         call = lambda: multi(broker.address, [GOOD, ("%DLQ%g", 0, [b"x"])])  # noqa: E731
+    elif case == "existing system topic":  # known, with that queue: refused all the same
+        with Producer(broker.address) as p:
+            p.send(Message("m.later", b"x", delay_level=1))  # the broker makes %SCHEDULE% for it
+        with AdminClient(broker.address) as admin:
+            assert "%SCHEDULE%" in admin.topics(system=True)
+        call = lambda: multi(broker.address, [GOOD, ("%SCHEDULE%", 0, [b"x"])])  # noqa: E731
     elif case == "malformed records":
         bad = records("m.bad", 1, [b"x"])[:-1]  # a record cut short
         call = lambda: raw(broker.address, {"sections": [["m.bad", 0, len(good)], ["m.bad", 1, len(bad)]]},  # noqa: E731
