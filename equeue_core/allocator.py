@@ -2,7 +2,7 @@
 
 Why. glibc's malloc gives a block above its mmap threshold (128 KiB at first, raised as such
 blocks are freed) pages of its own, and hands the free top of its heap back to the kernel once it
-passes the trim threshold (twice the mmap threshold). A broker frees its large buffers as soon as
+passes the trim threshold (128 KiB at first, then twice the mmap threshold). A broker frees its large buffers as soon as
 a request is done: a SEND or SEND_MULTI frame's body, and the commit-log write that joins a
 SEND_MULTI's sections, each up to a producer's 512 KiB batch. Whether the next frame's buffers
 found those pages again or fresh ones depended on the heap's history, and every first touch of a
@@ -29,7 +29,6 @@ What is guaranteed, and what it costs:
 
 from __future__ import annotations
 
-import ctypes
 import os
 
 MMAP_THRESHOLD = 4 * 1024 * 1024
@@ -52,6 +51,8 @@ def keep_freed_memory() -> dict[str, int] | None:
         return _set
     if not _glibc() or any(name in os.environ for name in ENVIRONMENT):
         return None
+    import ctypes  # here: BROKER_STATS reads malloc_settings() in every broker, this only the command
+
     mallopt = ctypes.CDLL(None).mallopt
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     wanted = {"mmap_threshold": (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),

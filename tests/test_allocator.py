@@ -14,8 +14,7 @@ import pytest
 
 from equeue_core.allocator import malloc_settings
 from equeue_core.client import AdminClient, Message, Producer
-from tests.helpers.broker import BrokerProcess
-from tests.helpers.ports import free_port
+from tests.helpers.broker import BrokerProcess, live_stats_in_process
 
 GLIBC = os.confstr("CS_GNU_LIBC_VERSION") is not None if "CS_GNU_LIBC_VERSION" in os.confstr_names else False
 
@@ -87,18 +86,5 @@ def test_the_broker_process_takes_no_page_faults_per_frame_over_many_topics(tmp_
 def test_a_broker_in_a_program_leaves_the_allocator_alone(tmp_path: Path):
     """Only the `equeue broker` command sets the thresholds: a Broker run inside another program
     (here pytest's) does not, and its BROKER_STATS say so."""
-    import asyncio
-
-    from equeue_core.broker.broker import Broker
-    from equeue_core.config import load
-
-    async def in_program() -> object:
-        broker = Broker(load(overrides={"data_dir": str(tmp_path / "in-program"), "port": free_port()}))
-        await broker.start()
-        try:
-            return broker.metrics.live()["malloc"]
-        finally:
-            await broker.stop()
-
-    assert asyncio.run(in_program()) is None
+    assert live_stats_in_process(tmp_path / "in-program")["malloc"] is None
     assert malloc_settings() is None

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from equeue_core.broker.metrics import observe_gc_pauses
 from equeue_core.client import AdminClient, Message, Producer
-from tests.helpers.broker import BrokerProcess, free_port
+from tests.helpers.broker import BrokerProcess, free_port, live_stats_in_process
 from tests.helpers.consume import consume
 
 
@@ -241,23 +241,9 @@ def test_the_broker_process_freezes_its_startup_heap_and_a_broker_in_a_program_d
     """The broker command keeps the objects it holds once started out of the GC's full
     collections (cli/startup_heap.py), and BROKER_STATS counts them. A Broker run inside another
     program (here pytest's) leaves that program's GC as it was."""
-    import asyncio
-
-    from equeue_core.broker.broker import Broker
-    from equeue_core.config import load
-
     with BrokerProcess(tmp_path / "process") as b, AdminClient(b.address) as admin:
         assert admin.stats()["gc_frozen_objects"] > 1000  # its modules, classes, plugins, config
 
     before = gc.get_freeze_count()
-
-    async def in_program() -> int:
-        broker = Broker(load(overrides={"data_dir": str(tmp_path / "in-program"), "port": free_port()}))
-        await broker.start()
-        try:
-            return broker.metrics.live()["gc_frozen_objects"]
-        finally:
-            await broker.stop()
-
-    assert asyncio.run(in_program()) == before
+    assert live_stats_in_process(tmp_path / "in-program")["gc_frozen_objects"] == before
     assert gc.get_freeze_count() == before

@@ -150,6 +150,25 @@ class BrokerProcess:
         self.kill() if exc[0] is not None else self.stop()
 
 
+def live_stats_in_process(data_dir: Path) -> dict:
+    """The live BROKER_STATS figures of a Broker started inside this process, not by the broker
+    command: what a program that embeds a Broker gets (no process-wide settings of its own)."""
+    import asyncio
+
+    from equeue_core.broker.broker import Broker
+    from equeue_core.config import load
+
+    async def run() -> dict:
+        broker = Broker(load(overrides={"data_dir": str(data_dir), "port": free_port()}))
+        await broker.start()
+        try:
+            return broker.metrics.live()
+        finally:
+            await broker.stop()
+
+    return asyncio.run(run())
+
+
 def start_broker(tmp_path: Path, name: str = "data", **kwargs) -> BrokerProcess:
     """A started broker whose data dir is tmp_path/name; use it as a context manager."""
     return BrokerProcess(Path(tmp_path) / name, **kwargs).start()
