@@ -2,7 +2,7 @@
 topic and with 100 topics of 4 queues, and the broker's memory per queue and per idle connection.
 
 Each case runs a fresh broker process (file store, tcp, flush async) so its memory deltas are its
-own; the producer (`send_async`, 100 B, round robin over the topics) and the consumer (one
+own; the producer (`send_async`, 100 B or `--size`, round robin over the topics) and the consumer (one
 Consumer at its default settings, or with `--pull-in-handler-threads` its pulling handler threads,
 subscribed to every topic) are separate processes. Memory is
 the broker's VmRSS from /proc. Prints one JSON line per case.
@@ -198,7 +198,7 @@ def role_consume_lite(address: str, topics: list[str], count: int) -> dict:
 
 
 def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int, pulling: bool = False,
-             round_no: int = 0) -> dict:
+             round_no: int = 0, size: int = 100) -> dict:
     """One case in a fresh broker: a data dir of its own (per round: never one a round before
     filled), removed afterwards."""
     from equeue_core.client import AdminClient
@@ -218,7 +218,7 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int, pull
             rss_created = settled_rss_kb(pid)
         total = n_topics * queues
         cpu0 = cpu_seconds(pid)
-        prod = _child(["produce", b.address, ",".join(topics), str(count), "100"])
+        prod = _child(["produce", b.address, ",".join(topics), str(count), str(size)])
         cpu1 = cpu_seconds(pid)
         rss_produced = settled_rss_kb(pid)
         cpu2 = cpu_seconds(pid)
@@ -234,7 +234,7 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int, pull
         us = 1e6 / count
         return {"bench": "queues", "case": label, "round": round_no, "consumer_model": "pulling" if pulling else "loop",
                 "topics": n_topics, "queues_per_topic": queues,
-                "queues": total, "count": count, "size": 100,
+                "queues": total, "count": count, "size": size,
                 "produce_msgs_per_s": round(prod["msgs_per_s"], 1), "consume_msgs_per_s": round(cons["msgs_per_s"], 1),
                 "consume_start_s": round(cons["start_seconds"], 3),
                 "consume_steady_msgs_per_s": cons["steady_msgs_per_s"] and round(cons["steady_msgs_per_s"], 1),
@@ -471,6 +471,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--count", type=int, default=100_000, help="messages per case")
+    p.add_argument("--size", type=int, default=100, help="the produce and consume cases' message body, bytes")
     p.add_argument("--connections", type=int, default=500, help="idle TCP connections for the memory figure (0: skip it)")
     p.add_argument("--cases", help="comma list of queue counts to run (default 4,100,1000,100topics; "
                                    "none: only the paced, connection and sync figures)")
@@ -492,7 +493,8 @@ def main(argv: list[str] | None = None) -> None:
         cases = [case for case in CASES if not wanted or ("100topics" if case[1] > 1 else str(case[2])) in wanted]
         for r in range(args.rounds):
             for position, (label, n_topics, queues) in enumerate(round_cases(cases, r)):
-                rows.append(run_case(Path(tmp), label, n_topics, queues, args.count, args.pull_in_handler_threads, r))
+                rows.append(run_case(Path(tmp), label, n_topics, queues, args.count, args.pull_in_handler_threads, r,
+                                     args.size))
                 rows[-1]["position"] = position
                 emit(rows[-1])
         if args.rounds > 1:

@@ -24,6 +24,13 @@ def test_one_small_case_without_the_connection_figure():
     assert row["consumer_threads_ms"]["cpu"]["handlers"] > 0, row
 
 
+def test_size_sets_the_messages_of_the_produce_and_consume_cases():
+    rows = bench_rows("bench.bench_queues", "--count", "1000", "--cases", "4", "--size", "1024", "--connections", "0",
+                      "--sync-seconds", "0", "--paced-seconds", "0")
+    row = rows[0]
+    assert row["size"] == 1024 and row["consumed"] >= 1000 and row["produce_msgs_per_s"] > 0, row
+
+
 def test_the_paced_many_topic_case_alone():
     """`--cases none` runs no queue-count case; the paced ones (queues written first, and
     queues only created) give latency percentiles from their samples and the CPU of both ends,
