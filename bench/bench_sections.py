@@ -39,6 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_queues import round_cases  # noqa: E402
+from equeue_core.frame import Frame  # noqa: E402
+
 TOPICS = [f"sections-{i}" for i in range(100)]
 QUEUES = 4
 SECTIONS = (1, 10, 80)
@@ -50,7 +53,6 @@ def frames_for(sections: int, per_frame: int, count: int, size: int) -> list:
     all (rounded up to whole frames), topics and queues in turn."""
     from equeue_core import record
     from equeue_core.codes import Code
-    from equeue_core.frame import Frame
 
     per_section = max(1, per_frame // sections)
     body = b"x" * size
@@ -88,9 +90,7 @@ def run_case(broker, frames: list, sections: int) -> dict:
             "page_faults_per_frame": round(faults / len(timed), 1)}
 
 
-def _received(frame):
-    from equeue_core.frame import Frame
-
+def _received(frame: Frame) -> Frame:
     return Frame(frame.code, frame.request_id, frame.flags, frame.header, bytearray(frame.body))
 
 
@@ -117,7 +117,7 @@ async def bench(args: argparse.Namespace) -> list[dict]:
             for topic in TOPICS:
                 broker.topics.create(topic, QUEUES)
             for r in range(args.rounds):
-                order = SECTIONS[r % len(SECTIONS):] + SECTIONS[:r % len(SECTIONS)]
+                order = round_cases(list(SECTIONS), r)
                 got = {s: run_case(broker, cases[s], s) for s in order}
                 for s in SECTIONS:
                     row = {"bench": "sections", "round": r, "position": order.index(s), "malloc": malloc, **got[s],

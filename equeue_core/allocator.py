@@ -49,7 +49,7 @@ def keep_freed_memory() -> dict[str, int] | None:
     global _set
     if _set is not None:
         return _set
-    if not _glibc() or any(name in os.environ for name in ENVIRONMENT):
+    if not is_glibc() or any(name in os.environ for name in ENVIRONMENT):
         return None
     import ctypes  # here: BROKER_STATS reads malloc_settings() in every broker, this only the command
 
@@ -66,7 +66,8 @@ def malloc_settings() -> dict[str, int] | None:
     return _set
 
 
-def _glibc() -> bool:
+def is_glibc() -> bool:
+    """Whether this process's C library is glibc (the thresholds are glibc's)."""
     try:
         return os.confstr("CS_GNU_LIBC_VERSION") is not None
     except (ValueError, OSError, AttributeError):

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from equeue_core.allocator import malloc_settings
+from equeue_core.allocator import is_glibc, malloc_settings
 from equeue_core.client import AdminClient, Message, Producer
 from tests.helpers.broker import BrokerProcess, live_stats_in_process
 
-GLIBC = os.confstr("CS_GNU_LIBC_VERSION") is not None if "CS_GNU_LIBC_VERSION" in os.confstr_names else False
+GLIBC = is_glibc()
 
 # A SEND_MULTI's two large buffers, as the broker makes and frees them for every frame: the body
 # the reads fill (bytearray) and the commit log's write of its sections joined (bytes).
