@@ -155,6 +155,47 @@ def test_producer_and_consumers_ride_out_a_broker_killed_mid_stream(tmp_path):
           f"with an error; {len(acked)} acknowledged, all consumed")
 
 
+def close_within(consumer: Consumer, seconds: float) -> None:
+    """Close `consumer` from a helper thread; fail (instead of hanging the suite) if that takes
+    longer than `seconds`."""
+    t = threading.Thread(target=consumer.close, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"Consumer.close() still running after {seconds}s"
+
+
+@pytest.mark.failure
+def test_a_broker_killed_and_restarted_again_and_again_leaves_the_group_and_returns_each_time(tmp_path):
+    """Each part of a cluster consumer runs timers of its own (heartbeat, commit) while the
+    coordinator rebalances every broker at once. With rebalances this frequent, any of them may
+    be the one that finds a killed broker gone from the route and closes its part; the part must
+    then close (not wait on itself), its queues come back when the broker does, and close() ends."""
+    with cluster(tmp_path, brokers=2) as (_nss, bs, nameserver):
+        with AdminClient(nameserver=nameserver) as admin:
+            admin.create_topic("t", 2)
+        rec = Recorder()
+        c = Consumer("g", nameserver=nameserver, consume_from="first", route_refresh_s=0.05,
+                     rebalance_interval=0.05, heartbeat_interval=0.05, commit_interval=0.05)
+        c.subscribe("t").start(rec)
+
+        def on(broker: str) -> bool:
+            return any(q.broker == broker for q in c.assigned_queues())
+
+        try:
+            with Producer(nameserver=nameserver) as producer:
+                for rnd in range(6):
+                    wait_for(lambda: on("broker-b"), timeout=30, what=f"round {rnd}: broker-b's queues taken")
+                    bs[1].kill()
+                    wait_for(lambda: not on("broker-b"), timeout=30, what=f"round {rnd}: broker-b's part closed")
+                    bs[1].start()
+                    wait_for(lambda: on("broker-b"), timeout=30, what=f"round {rnd}: broker-b's queues back")
+                    sent = {producer.send(Message("t", b"%d-%d" % (rnd, i))).broker for i in range(20)}
+                    assert "broker-b" in sent
+            wait_for(lambda: len(rec.bodies()) == 120, timeout=60, what="120 messages consumed")
+        finally:
+            close_within(c, 60)
+
+
 @pytest.mark.failure
 def test_clients_keep_working_through_the_other_name_server(tmp_path):
     with cluster(tmp_path, brokers=2) as (nss, _bs, nameserver):

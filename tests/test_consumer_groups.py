@@ -585,3 +585,39 @@ def test_async_handlers_run_as_tasks_and_batches_reach_batch_handlers(fast_broke
         c.close()
     assert max(sizes) == 10 and all(1 <= s <= 10 for s in sizes)
     assert sorted(b for *_, b in col.items) == sorted(f"{i}".encode() for i in range(200))
+
+
+def test_an_async_handler_may_close_its_own_consumer(fast_broker):
+    """close() from inside a coroutine handler (a task of the consumer's own) returns at once:
+    it does not wait out drain_timeout for the handler that called it. What that handler did not
+    finish is not committed, so the group gets it again (at least once)."""
+    from equeue_core.client import AsyncConsumer
+
+    with Producer(fast_broker.address) as p:
+        p.send_batch([Message("selfclose", b"%d" % i) for i in range(100)], routing_key="k")
+
+    async def close_from_the_handler() -> list[bytes]:
+        got: list[bytes] = []
+        closed = asyncio.Event()
+
+        async def handler(m):
+            got.append(m.body)
+            if len(got) == 10:
+                await c.close(drain_timeout=120)
+                closed.set()
+
+        c = AsyncConsumer("g-self", fast_broker.address, consume_from="first", **FAST).subscribe("selfclose")
+        await c.start(handler)
+        try:
+            await asyncio.wait_for(closed.wait(), 60)
+        finally:
+            await c.close()
+        return got
+
+    first = asyncio.run(close_from_the_handler())
+    assert len(first) >= 10
+    rest = Collector(1)
+    with Consumer("g-self", fast_broker.address, consume_from="first", **FAST).subscribe("selfclose") as c:
+        c.start(rest)
+        assert wait_until(lambda: b"99" in {b for *_, b in rest.items}, timeout=60)
+    assert {b for *_, b in rest.items} | set(first) == {b"%d" % i for i in range(100)}

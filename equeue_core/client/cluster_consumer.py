@@ -64,7 +64,9 @@ class AsyncClusterConsumer:
         self._lock = asyncio.Lock()
         self._running = False
         self._background: asyncio.Task | None = None
-        self._refresh_soon: asyncio.TimerHandle | None = None
+        self._soon: asyncio.TimerHandle | None = None  # the next rebalance_soon's timer
+        self._soon_refresh = False  # ... and whether it fetches the routes again
+        self._rebalancing: set[asyncio.Task] = set()  # the rebalances rebalance_soon started
         self._closed_stats: Counter[str] = Counter()
 
     def subscribe(self, topic: str, expression: str = "*") -> AsyncClusterConsumer:
@@ -113,17 +115,33 @@ class AsyncClusterConsumer:
                 log.exception("rebalance failed")
 
     def broker_failed(self, part: AsyncConsumer) -> None:
-        """A part's pull failed with a transport error: fetch the routes again at once (debounced),
+        """A part's pull failed with a transport error: fetch the routes again soon (debounced),
         so a dead broker's part is closed and the others' share is recomputed."""
-        if not self._running or self._refresh_soon is not None:
+        self.rebalance_soon(0.5, refresh=True)
+
+    def rebalance_soon(self, delay: float = 0.0, refresh: bool = False) -> None:
+        """Rebalance every part `delay` seconds from now, once for all the calls until then (the
+        earliest time wins; `refresh` if any asked for it). A part asks here rather than
+        rebalancing in a task of its own, because a rebalance may close the part that asked, and
+        a part's close waits for its own tasks: the rebalance runs in a task this consumer owns,
+        which close() ends."""
+        if not self._running:
             return
         loop = asyncio.get_running_loop()
+        self._soon_refresh |= refresh
+        if self._soon is not None:
+            if self._soon.when() <= loop.time() + delay:
+                return
+            self._soon.cancel()
 
         def fire() -> None:
-            self._refresh_soon = None
-            loop.create_task(self._safe_rebalance(refresh=True))
+            self._soon = None
+            refresh, self._soon_refresh = self._soon_refresh, False
+            task = loop.create_task(self._safe_rebalance(refresh))
+            self._rebalancing.add(task)
+            task.add_done_callback(self._rebalancing.discard)
 
-        self._refresh_soon = loop.call_later(0.5, fire)
+        self._soon = loop.call_later(delay, fire)
 
     async def _safe_rebalance(self, refresh: bool = False) -> None:
         try:
@@ -146,6 +164,8 @@ class AsyncClusterConsumer:
         if not self._running:
             return
         async with self._lock:
+            if not self._running:  # close() came first: it closes the parts
+                return
             routes = await self._routes(refresh)
             brokers: dict[str, str] = {}
             for r in routes.values():  # one address per group: its master's wherever a route names it
@@ -228,12 +248,15 @@ class AsyncClusterConsumer:
         if not self._running:
             return
         self._running = False
-        if self._refresh_soon is not None:
-            self._refresh_soon.cancel()
-        if self._background is not None:
-            self._background.cancel()
-            await asyncio.gather(self._background, return_exceptions=True)
+        if self._soon is not None:
+            self._soon.cancel()
+        # A rebalance in progress ends first, under the lock: cancelled midway it could leave a
+        # part closed halfway, or started and in no one's hands. The ones waiting end here.
         async with self._lock:
+            waiting = [t for t in (self._background, *self._rebalancing) if t is not None]
+            for t in waiting:
+                t.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
             for name in sorted(self.parts):
                 await self._close_part(name, drain_timeout, "closing")
         await self.router.close()

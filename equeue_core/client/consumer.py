@@ -230,6 +230,8 @@ class AsyncConsumer:
         self._tasks: dict[QueueKey, list[asyncio.Task]] = {}
         self._background: list[asyncio.Task] = []
         self._work: set[asyncio.Future] = set()
+        # an async handler's run (a task) -> the task awaiting it (a _consume or an orderly loop)
+        self._handler_runs: dict[asyncio.Future, asyncio.Task | None] = {}
         self._handler: Callable[..., Any] | None = None
         self._is_async = False
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # orderly runs and retries
@@ -286,8 +288,9 @@ class AsyncConsumer:
             await self.rebalance()
         loop = asyncio.get_running_loop()
         self._background = [loop.create_task(self._every(self.heartbeat_interval, self._heartbeat)),
-                            loop.create_task(self._every(self.rebalance_interval, self.rebalance)),
                             loop.create_task(self._every(self.commit_interval, self.commit))]
+        if self.coordinator is None:  # a coordinator rebalances its parts on timers of its own
+            self._background.append(loop.create_task(self._every(self.rebalance_interval, self.rebalance)))
         if self.orderly:
             self._background.append(loop.create_task(self._lock_loop()))
         if self._batches is not None:
@@ -327,6 +330,12 @@ class AsyncConsumer:
             self.rebalance_soon(0.0)
 
     def rebalance_soon(self, delay: float = 0.0) -> None:
+        """Rebalance `delay` seconds from now (a later call moves it). A part of a cluster consumer
+        asks its coordinator, which rebalances in a task of its own: a rebalance may close this
+        part, and a part's close waits for the part's own tasks, never for itself."""
+        if self.coordinator is not None:
+            self.coordinator.rebalance_soon(delay)
+            return
         loop = asyncio.get_running_loop()
         if self._rebalance_soon is not None:
             self._rebalance_soon.cancel()
@@ -753,6 +762,8 @@ class AsyncConsumer:
         if self._is_async:
             work: asyncio.Future = asyncio.ensure_future(
                 self._run_chunk_async(msgs, results, stop_on_failure, keep_going))
+            self._handler_runs[work] = asyncio.current_task()  # close() from the handler: see there
+            work.add_done_callback(self._handler_runs.pop)
         else:
             work = asyncio.get_running_loop().run_in_executor(self._pool, self._run_chunk, msgs, results,
                                                               stop_on_failure, keep_going)
@@ -1037,22 +1048,29 @@ class AsyncConsumer:
         self._stop_handing_out()  # the calls in progress finish; buffered messages stay unhandled
         if self._rebalance_soon is not None:
             self._rebalance_soon.cancel()
-        for t in self._background:
+        # Never cancel or wait for the task this close() runs in, nor (when an async handler
+        # calls it) the task awaiting that handler: a task waiting on itself never ends, and
+        # cancelling a task that awaits a gather holding it recurses without end.
+        me = asyncio.current_task()
+        mine = {me, self._handler_runs.get(me)} if me is not None else set()
+        background = [t for t in self._background if t not in mine]
+        for t in background:
             t.cancel()
-        pulls = [ts[0] for ts in self._tasks.values()]
+        pulls = [ts[0] for ts in self._tasks.values() if ts[0] not in mine]
         for t in pulls:
             t.cancel()
         deadline = time.monotonic() + drain_timeout
         batches = self._batches
-        while (self._work or (batches is not None and batches.busy)) and time.monotonic() < deadline:
+        while ((work := self._work - mine) or (batches is not None and batches.busy)) \
+                and time.monotonic() < deadline:
             if batches is not None and batches.busy:
                 await batches.wait_idle(max(0.0, deadline - time.monotonic()))
-            if self._work:
-                await asyncio.wait(list(self._work), timeout=max(0.0, deadline - time.monotonic()))
-        orderly = [ts[1] for ts in self._tasks.values() if len(ts) > 1]
+            if work:
+                await asyncio.wait(list(work), timeout=max(0.0, deadline - time.monotonic()))
+        orderly = [ts[1] for ts in self._tasks.values() if len(ts) > 1 and ts[1] not in mine]
         for t in orderly:
             t.cancel()
-        await asyncio.gather(*self._background, *pulls, *orderly, return_exceptions=True)
+        await asyncio.gather(*background, *pulls, *orderly, return_exceptions=True)
         try:
             await self.commit()
             if self._conn is not None and self.mode == "clustering":
