@@ -18,7 +18,7 @@ from equeue_core.allocation import allocate
 from equeue_core.client import AdminClient, Consumer, Message, Producer
 from tests.helpers.broker import BrokerProcess
 from tests.helpers.consume import Collector
-from tests.helpers.waiting import wait_until
+from tests.helpers.waiting import wait_until, wait_until_async
 
 FAST = dict(heartbeat_interval=0.5, rebalance_interval=1.0, commit_interval=0.5, suspend_seconds=0.1)
 LEVELS = "200ms 300ms 400ms 500ms 600ms 700ms 800ms 900ms"
@@ -621,3 +621,34 @@ def test_an_async_handler_may_close_its_own_consumer(fast_broker):
         c.start(rest)
         assert wait_until(lambda: b"99" in {b for *_, b in rest.items}, timeout=60)
     assert {b for *_, b in rest.items} | set(first) == {b"%d" % i for i in range(100)}
+
+
+def test_close_lets_a_rebalance_in_progress_finish(fast_broker, caplog):
+    """A rebalance that starts just before close() (here: the other member left, so this one
+    takes its queues: several round trips) runs to its end on the open connection: no
+    "rebalance failed" for a connection close() shut under it, whichever step of it close()
+    came in at."""
+    import logging
+
+    from equeue_core.client import AsyncConsumer
+
+    with AdminClient(fast_broker.address) as admin:
+        admin.create_topic("racing", 8)
+
+    async def rebalance_then_close(steps: int) -> None:
+        a, b = (AsyncConsumer("g-race", fast_broker.address, consume_from="first", **FAST).subscribe("racing")
+                for _ in range(2))
+        await a.start(lambda m: None)
+        await b.start(lambda m: None)
+        await wait_until_async(lambda: len(a.queues) == 4 and len(b.queues) == 4, timeout=30, what="4 queues each")
+        await a.close()
+        b.rebalance_soon(0.0)  # as the broker's GROUP_CHANGED for a's leaving does
+        for _ in range(steps):  # let the rebalance get that far: its task, its first request...
+            await asyncio.sleep(0)
+        await b.close()
+
+    with caplog.at_level(logging.WARNING, logger="equeue.consumer"):
+        for steps in list(range(6)) * 2:
+            asyncio.run(rebalance_then_close(steps))
+    failed = [r.getMessage() for r in caplog.records if "rebalance failed" in r.getMessage()]
+    assert not failed, failed

@@ -370,6 +370,8 @@ class AsyncConsumer:
             return
         assert self._conn is not None
         async with self._rebalance_lock:
+            if not self._running:  # close() came first (it waited for the rebalance before this one)
+                return
             if self.mode == "clustering":
                 self._members = (await self._conn.request(Code.GROUP_MEMBERS, {"group": self.group})).header["members"]
                 if self.client_id not in self._members:
@@ -1048,6 +1050,11 @@ class AsyncConsumer:
         self._stop_handing_out()  # the calls in progress finish; buffered messages stay unhandled
         if self._rebalance_soon is not None:
             self._rebalance_soon.cancel()
+        # A rebalance in progress (a member joined or left just now) ends first, on a connection
+        # still open: stopped halfway it would fail against the closed one, or leave a queue
+        # taken out of `queues` without its offset committed. Any later one sees _running.
+        async with self._rebalance_lock:
+            pass
         # Never cancel or wait for the task this close() runs in, nor (when an async handler
         # calls it) the task awaiting that handler: a task waiting on itself never ends, and
         # cancelling a task that awaits a gather holding it recurses without end.
