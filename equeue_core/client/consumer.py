@@ -1043,7 +1043,9 @@ class AsyncConsumer:
     # ---------------------------------------------------------------- shutdown
 
     async def close(self, drain_timeout: float = 30.0) -> None:
-        """Stop pulling, let in-flight handlers finish (up to drain_timeout), commit, leave the group."""
+        """Stop pulling, let in-flight handlers finish (up to drain_timeout), commit, leave the group.
+        A rebalance in progress finishes first. An async handler may await it: the handler call
+        that made it is not waited for (what it has not finished is not committed)."""
         if not self._running:
             return
         self._running = False
