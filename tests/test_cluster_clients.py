@@ -364,6 +364,29 @@ def test_cli_unknown_nameserver_and_topic_without_route_are_one_line(tmp_path):
         assert r.stdout.splitlines()[0].split()[-2:] == ["in/s", "out/s"], r.stdout
 
 
+def test_stats_count_what_the_handler_finished_while_closing(tmp_path):
+    """A message in the handler when close() starts is finished in the drain, and counts in
+    `stats` after close: a part's figures are taken once it has closed, not before."""
+    with cluster(tmp_path, brokers=1, nameservers=1) as (_nss, _bs, nameserver):
+        with AdminClient(nameserver=nameserver) as admin:
+            admin.create_topic("t", 1)
+        started = threading.Event()
+
+        def slow(m) -> None:
+            started.set()
+            time.sleep(0.5)
+
+        c = Consumer("g", nameserver=nameserver, consume_from="first").subscribe("t")
+        c.start(slow)
+        try:
+            with Producer(nameserver=nameserver) as producer:
+                producer.send(Message("t", b"x"))
+            assert started.wait(30), "the message never reached the handler"
+        finally:
+            c.close()
+        assert c.stats["handled"] == 1, c.stats
+
+
 def test_broadcasting_keeps_each_brokers_offsets_apart(tmp_path):
     """Queue ids repeat on every broker: a broadcasting member's local offsets must be kept per
     broker, or broker-b's queue 0 would resume from broker-a's queue 0 offset."""

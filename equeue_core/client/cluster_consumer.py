@@ -229,8 +229,10 @@ class AsyncClusterConsumer:
 
     async def _close_part(self, name: str, drain_timeout: float = 5.0, why: str = "no longer in the route") -> None:
         part = self.parts.pop(name)
-        self._closed_stats.update(part.stats)
-        await part.close(drain_timeout)
+        try:
+            await part.close(drain_timeout)
+        finally:  # after the drain: what the handler finished while closing counts too
+            self._closed_stats.update(part.stats)
         log.info("%s left broker %s (%s)", self.client_id, name, why)
 
     async def commit(self) -> None:
