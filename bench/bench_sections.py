@@ -10,7 +10,7 @@ what keeps the 100-topic produce below one topic's in `bench.bench_queues` (docs
 This calls `Broker.send_multi_now` in process, on a real Broker over the real file store in a
 temporary directory (`--dir`; tmpfs or disk), with frames built once beforehand: no sockets and
 no client, so the figure is the loop thread's own CPU (`time.thread_time`) for the frames, steady
-enough on a shared machine to compare trees. Every frame carries `--messages` messages of 100 B;
+enough on a shared machine to compare trees. Every frame carries `--messages` messages of `--size` bytes (100);
 the cases cut them into 1, 10 and 80 sections over 100 topics of 4 queues. Cases run in turn in
 each round (the order rotated a round), and each row gives its ratio to the one-section case of
 the same round, and the page faults a frame. The process sets its allocator as `equeue broker`

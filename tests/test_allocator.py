@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.bench_queues import minor_faults
 from equeue_core.allocator import is_glibc, malloc_settings
 from equeue_core.client import AdminClient, Message, Producer
 from tests.helpers.broker import BrokerProcess, live_stats_in_process
@@ -54,11 +55,6 @@ def test_freed_frame_buffers_are_reused_without_page_faults():
     assert _faults_a_frame("kept") < 1
 
 
-def _broker_faults(proc: BrokerProcess) -> int:
-    with open(f"/proc/{proc.proc.pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[7])  # minflt, field 10
-
-
 @pytest.mark.skipif(not GLIBC, reason="the thresholds are glibc's")
 def test_the_broker_process_takes_no_page_faults_per_frame_over_many_topics(tmp_path: Path):
     """The whole path: a producer over 100 topics sends SEND_MULTI frames of a few hundred KB,
@@ -73,11 +69,11 @@ def test_the_broker_process_takes_no_page_faults_per_frame_over_many_topics(tmp_
                 assert (admin.stats()["malloc"] is None) == (mode == "glibc")
             for t in topics:
                 p.send(Message(t, b"warm"))
-            before = _broker_faults(b)
+            before = minor_faults(b.proc.pid)
             futures = [p.send_async(Message(topics[i % 100], b"x" * 400)) for i in range(100_000)]
             for f in futures:
                 f.result(60)
-            counts[mode] = _broker_faults(b) - before
+            counts[mode] = minor_faults(b.proc.pid) - before
     # (on the project's VM: ~560 against ~34,000)
     assert counts["glibc"] > 5000, counts
     assert counts["kept"] < counts["glibc"] / 10, counts

@@ -1061,7 +1061,7 @@ class AsyncConsumer:
         # calls it) the task awaiting that handler: a task waiting on itself never ends, and
         # cancelling a task that awaits a gather holding it recurses without end.
         me = asyncio.current_task()
-        mine = {me, self._handler_runs.get(me)} if me is not None else set()
+        mine = {me, self._handler_runs.get(me)}
         background = [t for t in self._background if t not in mine]
         for t in background:
             t.cancel()
