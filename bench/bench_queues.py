@@ -42,7 +42,13 @@ work a send waits for that grows with the queue count.
 
 `--rounds N` runs the cases round after round and ends with one "queues_ratio" row per case:
 the median of each rate, and its ratio to the 4-queue case of the same round (median, lowest,
-highest). One round's ratio moves with the machine's minute; the medians of several do less.
+highest), the push Consumer's also without its start (`consume_steady_vs_4_queues`). One round's
+ratio moves with the machine's minute; the medians of several do less.
+
+`--count` sets how much of a case is one-time work per queue: the consumer's start and each
+queue's first pulls (one for its backlog, one held once it caught up) are paid per queue, not per
+message. 300k messages over 1000 queues are 300 a queue, and that work shows in the rates; at 3M
+it hardly does (docs/benchmarks.md, "Queue count at 300 and at 3000 messages a queue").
 Each round starts one case further on (`round_cases`: round r runs the cases from the r-th on,
 then the first ones), so over a multiple of four rounds every case runs in every place of a round
 once, and the 4-queue case is not always the first. Its `position` says where a case ran. With
@@ -266,7 +272,7 @@ def run_case(tmp: Path, label: str, n_topics: int, queues: int, count: int, pull
         shutil.rmtree(tmp / f"offsets-{label}-r{round_no}", ignore_errors=True)
 
 
-RATES = ("produce_msgs_per_s", "consume_msgs_per_s", "consume_lite_msgs_per_s")
+RATES = ("produce_msgs_per_s", "consume_msgs_per_s", "consume_steady_msgs_per_s", "consume_lite_msgs_per_s")
 
 
 def round_cases(cases: list, round_no: int) -> list:
@@ -283,7 +289,11 @@ def ratio_rows(rows: list[dict]) -> list[dict]:
     4-queue case of the same round (median, lowest, highest). A round's cases run one after
     another, so a ratio within a round shares that minute's machine; the 4-queue rate swings
     from minute to minute as much as the cases differ (docs/benchmarks.md, "Where a many-queue
-    drain's time goes"). Empty without the 4-queue case."""
+    drain's time goes"). Empty without the 4-queue case.
+
+    `consume_steady`: the push Consumer's rate once it held every queue, so the one-time start
+    (start offsets asked, a pull loop begun per queue) is out of the ratio. A round where either
+    side has none (the drain ended first) is left out of that ratio; None when no round has both."""
     base = {row["round"]: row for row in rows if row["queues"] == 4 and row["topics"] == 1}
     if not base:
         return []
@@ -292,10 +302,13 @@ def ratio_rows(rows: list[dict]) -> list[dict]:
         mine = [row for row in rows if row["case"] == label]
         result: dict = {"bench": "queues_ratio", "case": label, "rounds": len(mine)}
         for key in RATES:
-            result[key] = round(statistics.median(row[key] for row in mine), 1)
-            ratios = sorted(row[key] / base[row["round"]][key] for row in mine if row["round"] in base)
+            rates = [row[key] for row in mine if row.get(key)]
+            ratios = sorted(row[key] / base[row["round"]][key] for row in mine
+                            if row.get(key) and row["round"] in base and base[row["round"]].get(key))
+            result[key] = round(statistics.median(rates), 1) if rates else None
             result[key.replace("_msgs_per_s", "_vs_4_queues")] = {
-                "median": round(statistics.median(ratios), 3), "low": round(ratios[0], 3), "high": round(ratios[-1], 3)}
+                "median": round(statistics.median(ratios), 3), "low": round(ratios[0], 3),
+                "high": round(ratios[-1], 3)} if ratios else None
         out.append(result)
     return out
 

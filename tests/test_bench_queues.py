@@ -60,15 +60,21 @@ def test_rounds_run_each_case_again_and_end_with_ratio_rows():
 def test_ratio_rows_take_each_round_against_its_own_4_queue_case():
     from bench.bench_queues import ratio_rows
 
-    def row(case: str, queues: int, r: int, rate: float) -> dict:
+    def row(case: str, queues: int, r: int, rate: float, steady: float | None = None) -> dict:
         return {"case": case, "topics": 1, "queues": queues, "round": r, "produce_msgs_per_s": rate,
-                "consume_msgs_per_s": rate, "consume_lite_msgs_per_s": rate}
+                "consume_msgs_per_s": rate, "consume_steady_msgs_per_s": steady, "consume_lite_msgs_per_s": rate}
 
-    rows = [row("4", 4, 0, 100.0), row("1000", 1000, 0, 80.0), row("4", 4, 1, 200.0), row("1000", 1000, 1, 180.0),
-            row("4", 4, 2, 100.0), row("1000", 1000, 2, 70.0)]
+    rows = [row("4", 4, 0, 100.0, 110.0), row("1000", 1000, 0, 80.0, 99.0), row("4", 4, 1, 200.0, None),
+            row("1000", 1000, 1, 180.0, 190.0), row("4", 4, 2, 100.0, 100.0), row("1000", 1000, 2, 70.0, 50.0)]
     by_case = {r["case"]: r for r in ratio_rows(rows)}
     assert by_case["1000"]["consume_msgs_per_s"] == 80.0  # the median rate
     assert by_case["1000"]["consume_vs_4_queues"] == {"median": 0.8, "low": 0.7, "high": 0.9}
+    # the steady rate (start left out): round 1's 4-queue drain ended before it held its queues,
+    # so only rounds 0 and 2 compare
+    assert by_case["1000"]["consume_steady_vs_4_queues"] == {"median": 0.7, "low": 0.5, "high": 0.9}
+    assert by_case["1000"]["consume_steady_msgs_per_s"] == 99.0
+    no_steady = ratio_rows([row("4", 4, 0, 100.0), row("1000", 1000, 0, 80.0)])
+    assert no_steady[1]["consume_steady_vs_4_queues"] is None and no_steady[1]["consume_steady_msgs_per_s"] is None
     assert ratio_rows([row("1000", 1000, 0, 80.0)]) == []  # no 4-queue case: nothing to compare with
 
 
