@@ -27,7 +27,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from equeue_plugins.transport_tcp.framing import FrameReader, Head, WriteCoalescer, duplicate_socket
+from equeue_plugins.transport_tcp.framing import (
+    FrameReader,
+    Head,
+    SpareBodies,
+    WriteCoalescer,
+    duplicate_socket,
+)
 from equeue_plugins.transport_tcp.server import resolve, tune_socket
 
 from equeue_core import frame as wire
@@ -46,6 +52,10 @@ from equeue_core.push import deliver_push
 
 log = logging.getLogger(__name__)
 
+# Received bodies a connection keeps to receive its next large answers into (framing.SpareBodies):
+# enough for a push Consumer's pulls in flight while it catches up (16 queues, two pulls each)
+SPARE_BODIES = 32
+SPARE_BODY_BYTES = 32 * 1024 * 1024
 RECONNECT_EVERY_S = 0.5  # write_from_thread reconnects a dropped connection at most this often
 
 
@@ -67,7 +77,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.refusal: EQueueError | None = None  # why the server closed us, if it said so
         self.received = False  # any bytes from the server yet
         self.reader = FrameReader(owner.settings.max_frame_size, self._on_frame, self._on_oversized,
-                                  self._on_bad_frame, self._on_fatal)
+                                  self._on_bad_frame, self._on_fatal,
+                                  SpareBodies(SPARE_BODIES, SPARE_BODY_BYTES))
         # write_from_thread: a duplicate of the socket that callers' threads write on (under the
         # owner's _thread_lock), closed when the connection is lost
         self.thread_sock: socket.socket | None = None

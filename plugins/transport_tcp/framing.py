@@ -19,17 +19,26 @@
 - A large frame of which at least 1/IN_PLACE_RATIO has arrived (a producer's default batch of ~1 MiB:
   once 128 KiB are in) has the rest of its body received straight into one bytearray of exactly
   the body's size: no growth copies past that point, no zero-filled doublings. That bytearray
-  becomes `Frame.body` and belongs to the frame alone (nothing else references it), so a handler
-  may write into it (the broker stamps a send's records in place). Only such a body is a
-  bytearray; every other body is a bytes object or a memoryview. An incomplete frame thus pins at
-  most IN_PLACE_RATIO times what arrived, plus the scratch; a connection stalled in the middle of
-  it is closed after frame_read_timeout. An idle connection still holds the scratch only.
+  becomes `Frame.body` and belongs to the frame alone (nothing else uses it while the frame's
+  holders do), so a handler may write into it (the broker stamps a send's records in place).
+  Only such a body is a bytearray; every other body is a bytes object or a memoryview. An
+  incomplete frame thus pins at most IN_PLACE_RATIO times what arrived, plus the scratch; a
+  connection stalled in the middle of it is closed after frame_read_timeout. An idle connection
+  still holds the scratch only, plus its spare bodies below.
+- A reader given `spares` (the client's connections: SpareBodies) receives large bodies into
+  bodies it kept from earlier frames, once nothing else refers to them, and keeps each body it
+  delivers for that. A kept body that fits a frame is used as soon as the frame's header is in
+  (it costs no new memory, so the 1/IN_PLACE_RATIO rule does not apply to it). Such a connection
+  keeps up to SpareBodies' bounds of its recent large bodies (client.py: 32, 32 MiB) for as long
+  as it lives. The broker's connections keep none (the broker command keeps freed memory in its
+  allocator instead, equeue_core/allocator.py).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Callable
 
 from equeue_core import frame as wire
@@ -45,19 +54,113 @@ IN_PLACE_RATIO = 8
 
 Head = tuple[int, int, int, int, int, int, int, int]  # wire.HEAD fields
 
+_ZEROS = bytes(1024 * 1024)  # what a reused body grows by (a view of it: no allocation)
+
+
+def _refs(kept: list[bytearray], i: int) -> int:
+    """The reference count of kept[i] as seen from here: the list's, this frame's and the call's.
+    The count of a body nobody else refers to is measured once, with this same function
+    (_ALONE), so the check holds whatever a CPython version counts for locals."""
+    body = kept[i]
+    return sys.getrefcount(body)
+
+
+_ALONE = _refs([bytearray(1)], 0)
+
+
+class SpareBodies:
+    """Received bodies a FrameReader keeps to receive later large frames into: a client reading
+    pull answers of 1 KiB messages (~0.5 MiB each) allocated a fresh body for every answer, and
+    glibc gave each one fresh pages (its heap top trimmed, or an mmap of its own), so the client
+    page-faulted on half the bytes it read (docs/benchmarks.md, "A consumer's page faults on every
+    pull answer").
+
+    Guarantees:
+    - A body is reused only while nothing but this object refers to it (CPython's reference
+      count): the frame it went out with, a PulledBatch, a memoryview or a Py_buffer over it all
+      hold a reference, so a body anyone can still read or write is never written again.
+    - At most `count` bodies and `max_bytes` of them are kept; past that the oldest is let go.
+    - A reused body has exactly the size asked for, as a fresh one does; its bytes are not zeroed
+      (the reader overwrites them all before the frame is delivered). It is taken only where
+      CPython resizes a bytearray without moving it (between half its allocation and all of it),
+      and a new body is allocated with a quarter more room, so answers of similar sizes fit.
+    """
+
+    __slots__ = ("count", "max_bytes", "_kept", "_bytes", "reused", "allocated")
+
+    def __init__(self, count: int, max_bytes: int) -> None:
+        self.count = count
+        self.max_bytes = max_bytes
+        self._kept: list[bytearray] = []
+        self._bytes = 0
+        self.reused = 0  # bodies taken from the kept ones (for tests and stats)
+        self.allocated = 0  # bodies allocated because none fitted
+
+    def take(self, size: int) -> bytearray:
+        """A bytearray of exactly `size` bytes that nobody else refers to: a kept one, or new."""
+        body = self.reuse(size)
+        if body is None:
+            self.allocated += 1
+            body = bytearray(size + size // 4)
+            del body[size:]
+        return body
+
+    def reuse(self, size: int) -> bytearray | None:
+        """A kept body resized to exactly `size` bytes that nobody else refers to, or None."""
+        kept = self._kept
+        for i in range(len(kept)):
+            if _refs(kept, i) == _ALONE:  # referred to by the list alone
+                body = kept[i]
+                room = body.__alloc__()
+                if room // 2 <= size < room and size - len(body) <= len(_ZEROS):
+                    del kept[i]
+                    self._bytes -= room
+                    if size < len(body):
+                        del body[size:]
+                    elif size > len(body):
+                        body += memoryview(_ZEROS)[:size - len(body)]
+                    self.reused += 1
+                    return body
+        return None
+
+    def keep(self, body: bytearray) -> None:
+        """`body` went out with a frame: keep it for reuse once its frame is done with it."""
+        kept = self._kept
+        kept.append(body)
+        self._bytes += body.__alloc__()
+        while len(kept) > self.count or (self._bytes > self.max_bytes and len(kept) > 1):
+            self._bytes -= kept.pop(0).__alloc__()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    @property
+    def kept_bytes(self) -> int:
+        """The memory the kept bodies hold (their allocations), at most `max_bytes` but for one."""
+        return self._bytes
+
+    @property
+    def idle_bytes(self) -> int:
+        """The memory of the kept bodies nobody else refers to any more (what only this keeps)."""
+        kept = self._kept
+        return sum(kept[i].__alloc__() for i in range(len(kept)) if _refs(kept, i) == _ALONE)
+
 
 class FrameReader:
     """Incremental frame parser over a growable bytearray (see the module docstring)."""
 
     __slots__ = ("_buf", "_start", "_end", "_need", "_head", "_discard", "_body", "_got", "_prefix", "max_frame",
-                 "on_frame", "on_oversized", "on_bad_frame", "on_fatal")
+                 "on_frame", "on_oversized", "on_bad_frame", "on_fatal", "spares")
 
     def __init__(self, max_frame: int,
                  on_frame: Callable[[wire.Frame], None],
                  on_oversized: Callable[[Head, FrameTooLargeError], None],
                  on_bad_frame: Callable[[Head, ProtocolError], None],
-                 on_fatal: Callable[[ProtocolError], None]) -> None:
+                 on_fatal: Callable[[ProtocolError], None], spares: SpareBodies | None = None) -> None:
         self.max_frame = max_frame
+        # large bodies received in place come from here and go back to it (SpareBodies); None:
+        # every body is a fresh bytearray
+        self.spares = spares
         self.on_frame = on_frame
         self.on_oversized = on_oversized
         self.on_bad_frame = on_bad_frame
@@ -187,8 +290,15 @@ class FrameReader:
             need = self._need
             if avail < need:
                 header_end = wire.HEAD_SIZE + self._head[7]
-                if avail >= header_end and need >= HANDOVER_MIN and IN_PLACE_RATIO * avail >= need:
-                    self._receive_body_in_place(header_end)
+                if avail >= header_end and need >= HANDOVER_MIN:
+                    if IN_PLACE_RATIO * avail >= need:
+                        self._receive_body_in_place(header_end)
+                    elif self.spares is not None:
+                        # a kept body that fits costs no new memory: the rest goes straight into it
+                        # instead of growing the scratch to 1/IN_PLACE_RATIO of the frame first
+                        body = self.spares.reuse(need - header_end)
+                        if body is not None:
+                            self._receive_body_in_place(header_end, body)
                 break
             start = self._start
             if start == 0 and need >= HANDOVER_MIN:
@@ -214,13 +324,16 @@ class FrameReader:
             if self._buf is not buf:  # a callback closed us and reset the buffer
                 return
 
-    def _receive_body_in_place(self, header_end: int) -> None:
+    def _receive_body_in_place(self, header_end: int, body: bytearray | None = None) -> None:
         """Head and header are in the scratch: move them out, and the body's first bytes into a
-        bytearray of exactly the body's size that the next reads fill (get_buffer)."""
+        bytearray of exactly the body's size (`body`, or one from the spares, or a new one) that
+        the next reads fill (get_buffer)."""
         start, end = self._start, self._end
         src = memoryview(self._buf)
         self._prefix = bytes(src[start:start + header_end])
-        body = bytearray(self._need - header_end)
+        if body is None:
+            spares = self.spares
+            body = bytearray(self._need - header_end) if spares is None else spares.take(self._need - header_end)
         got = end - start - header_end
         body[:got] = src[start + header_end:end]
         self._body, self._got = body, got
@@ -232,6 +345,8 @@ class FrameReader:
         """The body received in place is complete: hand it over as the frame's body."""
         body, prefix = self._body, self._prefix
         self._body, self._got, self._prefix, self._need = None, 0, b"", 0
+        if self.spares is not None:
+            self.spares.keep(body)
         try:
             decoded = decode(prefix, self._head)
         except ProtocolError as e:
