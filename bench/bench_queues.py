@@ -44,17 +44,17 @@ work a send waits for that grows with the queue count.
 the median of each rate, and its ratio to the 4-queue case of the same round (median, lowest,
 highest), the push Consumer's also without its start (`consume_steady_vs_4_queues`). One round's
 ratio moves with the machine's minute; the medians of several do less.
-
-`--count` sets how much of a case is one-time work per queue: the consumer's start and each
-queue's first pulls (one for its backlog, one held once it caught up) are paid per queue, not per
-message. 300k messages over 1000 queues are 300 a queue, and that work shows in the rates; at 3M
-it hardly does (docs/benchmarks.md, "Queue count at 300 and at 3000 messages a queue").
 Each round starts one case further on (`round_cases`: round r runs the cases from the r-th on,
 then the first ones), so over a multiple of four rounds every case runs in every place of a round
 once, and the 4-queue case is not always the first. Its `position` says where a case ran. With
 the order fixed, the same tree gave the 100-topic case 0.72-0.76x of the 4-queue rates in five
 rounds, and 0.91-0.97x in five rounds with the order reversed (docs/benchmarks.md, "The broker's
 startup heap out of the GC, and queue-count rounds in turn").
+
+`--count` sets how much of a case is one-time work per queue: the consumer's start and each
+queue's first pulls (one for its backlog, one held once it caught up) are paid per queue, not per
+message. 300k messages over 1000 queues are 300 a queue, and that work shows in the rates; at 3M
+it hardly does (docs/benchmarks.md, "Queue count at 300 and at 3000 messages a queue").
 
 Not a test: nothing here asserts a time.
 """
