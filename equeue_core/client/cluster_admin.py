@@ -10,14 +10,22 @@ key lookup asks every broker that has the topic.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any
 
 from equeue_core import msgid
 from equeue_core.client.credentials import credentials as client_credentials
 from equeue_core.client.message import ReceivedMessage
 from equeue_core.client.nameserver import AsyncNameServerClient
-from equeue_core.errors import ConfigError, EQueueError, TopicNotFoundError
-from equeue_core.nameserver.routes import BrokerSummary
+from equeue_core.codes import Code
+from equeue_core.errors import ConfigError, EQueueError, TopicNotFoundError, TransportError
+from equeue_core.nameserver.routes import BrokerSummary, TopicRoute
+
+log = logging.getLogger("equeue.admin")
+
+ROUTE_WAIT_S = 10.0  # create_topic waits at most this long for the name servers to route a new topic
+ROUTE_POLL_S = 0.02
 
 
 class AsyncClusterAdminClient:
@@ -75,11 +83,44 @@ class AsyncClusterAdminClient:
 
     async def create_topic(self, topic: str, queues: int | None = None, brokers: list[str] | None = None,
                            cluster: str | None = None) -> dict[str, Any]:
-        """Create the topic on every live broker (of `cluster`), or on the named `brokers`."""
+        """Create the topic on every live broker (of `cluster`), or on the named `brokers`. Returns
+        once every name server that answers routes the topic to every broker that created it, so
+        a producer's or consumer's first route lookup right after finds it (a broker registers a
+        new topic in the background, docs/cluster.md); after ROUTE_WAIT_S without that, a warning
+        says which name server does not route it yet, and the result is returned all the same."""
         targets = await self.brokers(cluster, brokers)
         if not targets:
             raise ConfigError("no live broker to create the topic on")
-        return await self._each(targets, "create_topic", topic, queues)
+        created = await self._each(targets, "create_topic", topic, queues)
+        await self._routed(topic, {name for name, r in created.items() if not isinstance(r, BaseException)})
+        return created
+
+    async def _routed(self, topic: str, names: set[str]) -> None:
+        """Wait (up to ROUTE_WAIT_S) until every name server that answers routes `topic` to `names`."""
+        if not names:
+            return
+        missing = list(self.nameservers.addresses)
+        deadline = time.monotonic() + ROUTE_WAIT_S
+        while True:
+            still = []
+            for address in missing:
+                try:
+                    route = TopicRoute.from_wire(await self.nameservers._ask(address, Code.GET_ROUTE, {"topic": topic}))
+                except TopicNotFoundError:
+                    still.append(address)
+                    continue
+                except TransportError:
+                    continue  # not reachable: it learns the route from the brokers' registrations when back
+                if not names <= {b.name for b in route.brokers}:
+                    still.append(address)
+            missing = still
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                log.warning("topic %r created on %s, but name server(s) %s do not route it yet after %.0f s",
+                            topic, ", ".join(sorted(names)), ", ".join(str(a) for a in missing), ROUTE_WAIT_S)
+                return
+            await asyncio.sleep(ROUTE_POLL_S)
 
     async def delete_topic(self, topic: str) -> dict[str, Any]:
         return await self._each(await self._topic_brokers(topic), "delete_topic", topic)
