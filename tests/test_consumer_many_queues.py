@@ -15,6 +15,7 @@ from equeue_core.codes import Code
 from equeue_core.errors import ConfigError, EQueueError
 from tests.helpers.broker import BrokerProcess
 from tests.helpers.consume import Collector, consume
+from tests.test_spare_bodies import connection_spares
 
 QUEUES = 200
 TOPICS = 30
@@ -292,7 +293,7 @@ def test_a_caught_up_queue_keeps_no_pulled_answer_alive_while_its_next_pull_wait
                 # the bodies the connection keeps to receive its next large answers into
                 # (framing.SpareBodies), which no answer refers to any more: bounded whatever
                 # the queue count
-                spares = c._async._conn._conn._proto.reader.spares
+                spares = connection_spares(c)
                 kept = spares.idle_bytes
             finally:
                 c.close()

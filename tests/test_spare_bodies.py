@@ -16,6 +16,11 @@ from tests.helpers.waiting import wait_until
 from .test_frame_body_in_place import feed_in_pieces
 
 
+def connection_spares(consumer: Consumer) -> SpareBodies:
+    """The SpareBodies of a (single-broker) push Consumer's connection."""
+    return consumer._async._conn._conn._proto.reader.spares
+
+
 def frames_reader(spares: SpareBodies) -> tuple[FrameReader, list[wire.Frame]]:
     frames: list[wire.Frame] = []
     fatal: list[Exception] = []
@@ -99,7 +104,7 @@ def test_a_consumer_reading_large_pull_answers_gets_every_message_intact(file_br
     try:
         c.start(lambda m: seen.setdefault(int.from_bytes(m.body[:4], "big"), m.body))
         assert wait_until(lambda: len(seen) >= count, timeout=60), len(seen)
-        spares = c._async._conn._conn._proto.reader.spares
+        spares = connection_spares(c)
     finally:
         c.close()
     assert all(seen[i] == i.to_bytes(4, "big") * 256 for i in range(count))

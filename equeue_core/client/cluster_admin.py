@@ -18,9 +18,8 @@ from equeue_core import msgid
 from equeue_core.client.credentials import credentials as client_credentials
 from equeue_core.client.message import ReceivedMessage
 from equeue_core.client.nameserver import AsyncNameServerClient
-from equeue_core.codes import Code
 from equeue_core.errors import ConfigError, EQueueError, TopicNotFoundError, TransportError
-from equeue_core.nameserver.routes import BrokerSummary, TopicRoute
+from equeue_core.nameserver.routes import BrokerSummary
 
 log = logging.getLogger("equeue.admin")
 
@@ -105,7 +104,7 @@ class AsyncClusterAdminClient:
             still = []
             for address in missing:
                 try:
-                    route = TopicRoute.from_wire(await self.nameservers._ask(address, Code.GET_ROUTE, {"topic": topic}))
+                    route = await self.nameservers.route_at(address, topic)
                 except TopicNotFoundError:
                     still.append(address)
                     continue

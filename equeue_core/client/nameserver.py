@@ -101,6 +101,11 @@ class AsyncNameServerClient:
         TopicNotFoundError when no reachable name server knows a broker with it."""
         return TopicRoute.from_wire(await self.request(Code.GET_ROUTE, {"topic": topic}, retry_on_not_found=True))
 
+    async def route_at(self, address: Address, topic: str) -> TopicRoute:
+        """`topic`'s route as the name server at `address` alone sees it (no failover):
+        TopicNotFoundError when it knows no broker with it, TransportError when it is not reachable."""
+        return TopicRoute.from_wire(await self._ask(address, Code.GET_ROUTE, {"topic": topic}))
+
     async def cluster_info(self) -> ClusterInfo:
         """Every live broker the current name server knows (cluster, name, address, topics, ages)."""
         return ClusterInfo.from_wire(await self.request(Code.GET_CLUSTER_INFO))
