@@ -419,7 +419,10 @@ def test_a_handler_that_only_computes_keeps_one_worker_busy_and_the_other_queues
 
 def test_handlers_that_wait_get_every_thread_after_two_batches_that_waited():
     """Batches whose handler sleeps (the process idle meanwhile): after two in a row the pool lets
-    every thread work, and the queues in line are taken at once."""
+    every thread work, and the queues in line are taken at once. The consumer is told once (its
+    backlog turns follow the busy limit: client/backlog_gate.py)."""
+    raised: list[str] = []
+
     async def main():
         state = {"active": 0, "peak": 0}
         lock = threading.Lock()
@@ -432,7 +435,8 @@ def test_handlers_that_wait_get_every_thread_after_two_batches_that_waited():
             with lock:
                 state["active"] -= 1
 
-        pool, done = await _pool(handler, rescue_s=60)
+        pool, done = await _pool(handler, rescue_s=60,
+                                 on_busy_limit_raised=lambda: raised.append(threading.current_thread().name))
         assert pool.busy_limit == 1
         queues = {t: ProcessQueue(t, 0, 0) for t in "abcdefgh"}
         await _submit_rounds(pool, queues, 2, 3)
@@ -445,6 +449,7 @@ def test_handlers_that_wait_get_every_thread_after_two_batches_that_waited():
     assert len(done) == 16
     assert limit == 4
     assert peak == 4, peak
+    assert len(raised) == 1 and raised[0].startswith("test-pool"), raised  # a worker saw it
 
 
 def test_a_handler_call_that_does_not_return_soon_lets_another_worker_take_the_line():

@@ -26,6 +26,7 @@ from typing import Any
 
 from equeue_core import record
 from equeue_core.broker.topics import RETRY_PREFIX
+from equeue_core.client.backlog_gate import DEFAULT_MAX_BACKLOG_BYTES, BacklogGate
 from equeue_core.client.connection import BrokerConnection
 from equeue_core.client.credentials import credentials
 from equeue_core.client.handler_pool import BatchRun, HandlerPool
@@ -118,7 +119,7 @@ def run_handler(handler: Callable[..., Any], batch_size: int, msgs: list[Receive
 
 
 class _BacklogSlot:
-    """One of a consumer's `max_backlog_queues` slots, held by a queue's pull loop from its first
+    """One of a consumer's backlog turns (client/backlog_gate.py), held by a queue's pull loop from its first
     pull of a known backlog (`ProcessQueue.behind`: the start point or the last answer said more
     is stored) until the pull that caught it up was handled. Only that many queues catch up at
     once; the others wait their turn (in order) before pulling.
@@ -128,7 +129,8 @@ class _BacklogSlot:
     the consumer held every queue's answer (up to flow_max_messages each) before a handler thread
     reached it: fresh memory on both ends and page faults instead of work (docs/benchmarks.md,
     "Queue count, third pass"). What a consumer buffers while catching up is now about
-    max_backlog_queues * flow_max_messages, whatever the queue count.
+    max_backlog_queues * flow_max_messages, whatever the queue count, and while a blocking handler
+    only computes, about `max_backlog_bytes` (the gate's limit).
 
     A caught-up queue never takes a slot, so its held pull (the broker keeps it until messages
     come) never keeps a queue with messages waiting; a queue with a slot asks only for messages
@@ -145,17 +147,14 @@ class _BacklogSlot:
 
     async def take(self) -> None:
         c = self._consumer
-        await c._backlog_slots.acquire()
+        await c._backlog.take()
         self.held = True
-        c._backlog_held += 1
-        if c._backlog_held > c.stats["backlog_queues_peak"]:
-            c.stats["backlog_queues_peak"] = c._backlog_held
+        c.stats["backlog_queues_peak"] = c._backlog.peak
 
     def release(self) -> None:
         if self.held:
             self.held = False
-            self._consumer._backlog_held -= 1
-            self._consumer._backlog_slots.release()
+            self._consumer._backlog.release()
 
 
 class AsyncConsumer:
@@ -179,6 +178,7 @@ class AsyncConsumer:
                  offset_dir: str = ".equeue-offsets", client_id: str | None = None,
                  flow_max_messages: int = 1000, flow_max_bytes: int = 100 * MiB, flow_max_span: int = 2000,
                  hold_ms: int = 15000, parallel_per_queue: int = 1, max_backlog_queues: int | None = None,
+                 max_backlog_bytes: int | None = DEFAULT_MAX_BACKLOG_BYTES,
                  corrupt_recheck_max: float = 10.0, nameserver: None = None,
                  access_key: str | None = None, secret_key: str | None = None, tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None,
@@ -220,10 +220,12 @@ class AsyncConsumer:
         self.parallel_per_queue = max(1, parallel_per_queue)
         max_backlog_queues = checked_backlog_queues(max(16, 2 * threads) if max_backlog_queues is None
                                                     else max_backlog_queues)
-        # How many queues catch up on a backlog at once (_BacklogSlot); caught-up queues pull freely
+        # How many queues catch up on a backlog at once (_BacklogSlot, BacklogGate); caught-up
+        # queues pull freely. The gate learns of the handler pool in start().
         self.max_backlog_queues = max_backlog_queues
-        self._backlog_slots = asyncio.Semaphore(max_backlog_queues)
-        self._backlog_held = 0
+        self.max_backlog_bytes = None if max_backlog_bytes is None else checked_count(
+            "max_backlog_bytes", max_backlog_bytes)
+        self._backlog = BacklogGate(max_backlog_queues, None, flow_max_messages, flow_max_bytes, None)
         self.subscriptions: dict[str, str] = {}
         self._filters: dict[str, tuple[frozenset[str] | None, list[int] | None]] = {}
         self.queues: dict[QueueKey, ProcessQueue] = {}
@@ -277,7 +279,11 @@ class AsyncConsumer:
             if not self.orderly:
                 self._batches = HandlerPool(self.threads, self.parallel_per_queue, self._run_chunk,
                                             self._batch_done, asyncio.get_running_loop(), f"equeue-{self.group}-batch",
-                                            self._count_handled, min_busy=self.threads_min)
+                                            self._count_handled, min_busy=self.threads_min,
+                                            on_busy_limit_raised=lambda: self._backlog.wake_soon())
+                pool = self._batches
+                self._backlog = BacklogGate(self.max_backlog_queues, self.max_backlog_bytes, *self.flow[:2],
+                                            lambda: pool.busy_limit)
         self._conn = await BrokerConnection(self.broker, on_push=self._on_push, **self._credentials).connect()
         info = (await self._conn.request(Code.BROKER_INFO)).header
         self._id_prefix = _id_prefix(info["address"])
@@ -608,6 +614,7 @@ class AsyncConsumer:
                 # applies the tag filter to it (decoded_chunks), an async handler's run on the
                 # loop too, the orderly loop DECODE_AT_MOST at a time (_decode_pending)
                 pulled = PulledBatch(resp.body, self._id_prefix, tags)
+                self._backlog.measured(len(resp.body), h["count"])
                 pq.next_offset = h["next_offset"]
                 if len(pulled):
                     pq.add_batch(pulled)

@@ -133,13 +133,16 @@ class HandlerPool:
                  on_done: Callable[[BatchRun], None], loop: asyncio.AbstractEventLoop, name: str,
                  count_handled: Callable[[int], None] = lambda n: None, *,
                  min_busy: int = 1, block_min_s: float = BLOCK_MIN_S, rescue_s: float = RESCUE_S,
-                 calm_s: float = CALM_S) -> None:
+                 calm_s: float = CALM_S, on_busy_limit_raised: Callable[[], None] | None = None) -> None:
         self._max_threads = max(1, threads)
         # Workers busy at most before a queue waits in line for one of them (module docstring):
         # `min_busy` (the consumer's threads_min, 1 by default), or `threads` while the handlers
         # are seen to wait
         self._floor = max(1, min(min_busy, self._max_threads))
         self._target = self._floor
+        # called (on whichever thread saw it, lock held: it must only schedule) when the busy limit
+        # rises to `threads`: the consumer lets more queues catch up then (client/backlog_gate.py)
+        self._on_busy_limit_raised = on_busy_limit_raised
         self._block_min_s = block_min_s
         self._rescue_s = rescue_s
         self._calm_s = calm_s
@@ -222,8 +225,11 @@ class HandlerPool:
 
     def _handlers_wait(self) -> None:
         """(lock held) The handlers were seen to wait: up to `threads` workers may be busy."""
+        raised = self._target < self._max_threads
         self._target = self._max_threads
         self._last_wait = time.monotonic()
+        if raised and self._on_busy_limit_raised is not None:
+            self._on_busy_limit_raised()
 
     def _to_ring_this_turn(self) -> list[_Worker]:
         """(loop thread, lock held) The list of workers _ring rings at the end of this turn."""

@@ -46,6 +46,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from equeue_core.client.backlog_gate import DEFAULT_MAX_BACKLOG_BYTES, RecordBytes, turns_within
 from equeue_core.client.connection import BrokerConnection, raise_for_error, signed_header
 from equeue_core.client.consumer import AsyncConsumer, checked_backlog_queues, checked_count, parse_expression
 from equeue_core.client.loop import background_loop, run_sync
@@ -174,6 +175,10 @@ PUSH_CONSUMER_ONLY = ("nameserver", "mode", "orderly", "consume_batch_size", "th
                       "offset_dir", "flow_max_messages", "flow_max_bytes", "flow_max_span",
                       "parallel_per_queue")
 DEFAULT_BACKLOG_QUEUES = 16
+# A queue with a turn holds one pull answer (in flight, or read and not yet returned); while the
+# pulls of one half of the turns are answered the caller goes through the other half's
+# (_flush_pulls), so never fewer than two turns
+LEAST_TURNS = 2
 # At most this many messages a poll() returns (Kafka's max.poll.records): the rest of a larger
 # answer stays bytes until the polls after it. A whole answer of 1024 decoded at once cost a
 # caller who drops each poll's list ~40 % of its drain in collections (DECODE_AT_MOST).
@@ -194,6 +199,7 @@ class LitePullConsumer:
                  heartbeat_interval: float = 10.0, rebalance_interval: float = 20.0,
                  client_id: str | None = None, request_timeout: float = REQUEST_TIMEOUT,
                  max_backlog_queues: int = DEFAULT_BACKLOG_QUEUES,
+                 max_backlog_bytes: int | None = DEFAULT_MAX_BACKLOG_BYTES,
                  max_poll_records: int = DEFAULT_MAX_POLL_RECORDS, **credentials: str | None) -> None:
         """`pull_batch`: messages per pull of a queue (None: adaptive 32..1024, grows on a
         backlog); `hold_ms`: how long the broker holds a pull that found nothing;
@@ -203,6 +209,9 @@ class LitePullConsumer:
         flight at once, the others waiting their turn in order (queues caught up always keep
         theirs, held at the broker), so catching up on 1000 queues has the broker build that many
         answers at a time, not its whole per-connection budget (docs/client.md);
+        `max_backlog_bytes` (None: no bound by bytes): fewer turns when that many queues' answers
+        would not fit in it, a queue's answer counted as its pull batch's ceiling of messages of
+        the size measured so far, but at least two (client/backlog_gate.py);
         `max_poll_records`: at most this many messages a poll returns (a larger answer's rest
         comes with the next polls, before anything else of its queue); credentials as
         for Consumer (access_key, secret_key, tls_*). ConfigError for a transport without
@@ -215,6 +224,9 @@ class LitePullConsumer:
                               "broadcasting, orderly handling or retry topics")
         self.group = group
         self.max_backlog_queues = checked_backlog_queues(max_backlog_queues)
+        self.max_backlog_bytes = None if max_backlog_bytes is None else checked_count(
+            "max_backlog_bytes", max_backlog_bytes)
+        self._record_bytes = RecordBytes()  # a record's wire bytes, from the answers (_turn_limit)
         self.max_poll_records = checked_count("max_poll_records", max_poll_records)
         self.pull_batch = pull_batch
         self.hold_ms = max(1, int(hold_ms))
@@ -526,7 +538,7 @@ class LitePullConsumer:
         if queue.behind and not queue.turn:
             if queue.waiting:
                 return
-            if self._turns >= self.max_backlog_queues:
+            if self._turns >= self._turn_limit():
                 queue.waiting = True
                 self._waiting.append(queue)
                 return
@@ -680,6 +692,9 @@ class LitePullConsumer:
         queue.returned = queue.next_offset
         count = h.get("count")
         if count:
+            self._record_bytes.add(len(frame.body), count)
+            if self._waiting:  # the first answers tell the size: the turns may grow
+                self._admit(True)
             if raw and count > DECODE_CHUNK:  # stays bytes (_poll_batch), filtered as it is decoded
                 msgs = PulledBatch(frame.body, self._id_prefix or "", queue.tags)
             elif not raw and count > self.max_poll_records:  # the first part now, the rest later
@@ -739,8 +754,23 @@ class LitePullConsumer:
             return
         queue.turn = False
         self._turns -= 1
+        self._admit(pull_now)
+
+    def _turn_limit(self) -> int:
+        """How many queues may hold a turn now: max_backlog_queues, or fewer while that many
+        answers of the message size measured so far would pass max_backlog_bytes (LEAST_TURNS
+        before the first answer with messages)."""
+        if self.max_backlog_bytes is None:
+            return self.max_backlog_queues
+        mean = self._record_bytes.mean
+        window = None if mean is None else mean * (self.pull_batch or PULL_BATCH_CEILING)
+        return turns_within(self.max_backlog_queues, self.max_backlog_bytes, window, LEAST_TURNS)
+
+    def _admit(self, pull_now: bool) -> None:
+        """Give free turns to the queues waiting longest; their pulls go out now (inside poll),
+        or with the next poll (`pull_now` False)."""
         waiting = self._waiting
-        free = self.max_backlog_queues - self._turns
+        free = self._turn_limit() - self._turns
         while waiting and free > 0:
             nxt = waiting.popleft()
             nxt.waiting = False

@@ -58,7 +58,7 @@ IDLE_WAIT = 1.0  # seconds a thread without queues waits for a rebalance to brin
 SEND_BACK_TIMEOUT = 30.0  # seconds a send-back may take before it counts as failed
 # Consumer options that need the loop thread's pulls, refused by name
 LOOP_PULLS_ONLY = ("consume_timeout", "lock_interval", "offset_dir", "flow_max_messages", "flow_max_bytes",
-                   "flow_max_span", "nameserver", "threads_min")
+                   "flow_max_span", "nameserver", "threads_min", "max_backlog_bytes")
 
 
 class _GroupMembership(_Membership):
