@@ -76,19 +76,20 @@ def turns_within(max_queues: int, max_bytes: int, window_bytes: float | None, le
 class BacklogGate:
     """The turns of one consumer's queues that catch up (see the module docstring)."""
 
-    __slots__ = ("max_queues", "max_bytes", "_flow_messages", "_flow_bytes", "_busy_limit",
+    __slots__ = ("max_queues", "max_bytes", "_flow_messages", "_flow_bytes", "busy_limit",
                  "held", "peak", "record_bytes", "_waiters", "_loop")
 
     def __init__(self, max_queues: int, max_bytes: int | None, flow_messages: int, flow_bytes: int,
-                 busy_limit: Callable[[], int] | None) -> None:
-        """`busy_limit`: how many handler workers may run now (HandlerPool.busy_limit), or None
-        when no pool decides that (an async handler, whose runs are not bounded by threads): then
-        only `max_queues` counts. `max_bytes` None: only `max_queues` counts."""
+                 busy_limit: Callable[[], int] | None = None) -> None:
+        """`busy_limit`: how many handler workers may run now (HandlerPool.busy_limit; the
+        consumer sets it once it has a pool), or None while no pool decides that (an async
+        handler, whose runs are not bounded by threads): then only `max_queues` counts, as it
+        does with `max_bytes` None."""
         self.max_queues = max_queues
         self.max_bytes = max_bytes
         self._flow_messages = flow_messages
         self._flow_bytes = flow_bytes
-        self._busy_limit = busy_limit
+        self.busy_limit = busy_limit
         self.held = 0
         self.peak = 0
         self.record_bytes = RecordBytes()
@@ -97,12 +98,13 @@ class BacklogGate:
 
     def limit(self) -> int:
         """How many queues may hold a turn now."""
-        if self.max_bytes is None or self._busy_limit is None:
+        busy_limit = self.busy_limit
+        if self.max_bytes is None or busy_limit is None:
             return self.max_queues
         mean = self.record_bytes.mean
         window = None if mean is None else min(self._flow_messages * mean, self._flow_bytes)
         return turns_within(self.max_queues, self.max_bytes, window,
-                            TURNS_PER_BUSY_WORKER * self._busy_limit())
+                            TURNS_PER_BUSY_WORKER * busy_limit())
 
     async def take(self) -> None:
         """Wait for a turn (in the order asked) and hold it."""

@@ -79,6 +79,12 @@ def checked_backlog_queues(value: Any) -> int:
     return checked_count("max_backlog_queues", value)
 
 
+def checked_backlog_bytes(value: Any) -> int | None:
+    """`max_backlog_bytes` of a Consumer or LitePullConsumer: None (no bound by bytes) or a whole
+    number >= 1 (ConfigError)."""
+    return None if value is None else checked_count("max_backlog_bytes", value)
+
+
 def run_handler(handler: Callable[..., Any], batch_size: int, msgs: list[ReceivedMessage],
                 results: list[bool | None], base: int = 0, stop_on_failure: bool = False,
                 keep_going: Callable[[], bool] | None = None, halt: BatchRun | None = None) -> bool:
@@ -221,11 +227,11 @@ class AsyncConsumer:
         max_backlog_queues = checked_backlog_queues(max(16, 2 * threads) if max_backlog_queues is None
                                                     else max_backlog_queues)
         # How many queues catch up on a backlog at once (_BacklogSlot, BacklogGate); caught-up
-        # queues pull freely. The gate learns of the handler pool in start().
+        # queues pull freely. The gate follows the handler pool's busy limit from start() on.
         self.max_backlog_queues = max_backlog_queues
-        self.max_backlog_bytes = None if max_backlog_bytes is None else checked_count(
-            "max_backlog_bytes", max_backlog_bytes)
-        self._backlog = BacklogGate(max_backlog_queues, None, flow_max_messages, flow_max_bytes, None)
+        self.max_backlog_bytes = checked_backlog_bytes(max_backlog_bytes)
+        self._backlog = BacklogGate(max_backlog_queues, self.max_backlog_bytes, flow_max_messages,
+                                    flow_max_bytes)
         self.subscriptions: dict[str, str] = {}
         self._filters: dict[str, tuple[frozenset[str] | None, list[int] | None]] = {}
         self.queues: dict[QueueKey, ProcessQueue] = {}
@@ -280,10 +286,9 @@ class AsyncConsumer:
                 self._batches = HandlerPool(self.threads, self.parallel_per_queue, self._run_chunk,
                                             self._batch_done, asyncio.get_running_loop(), f"equeue-{self.group}-batch",
                                             self._count_handled, min_busy=self.threads_min,
-                                            on_busy_limit_raised=lambda: self._backlog.wake_soon())
+                                            on_busy_limit_raised=self._backlog.wake_soon)
                 pool = self._batches
-                self._backlog = BacklogGate(self.max_backlog_queues, self.max_backlog_bytes, *self.flow[:2],
-                                            lambda: pool.busy_limit)
+                self._backlog.busy_limit = lambda: pool.busy_limit
         self._conn = await BrokerConnection(self.broker, on_push=self._on_push, **self._credentials).connect()
         info = (await self._conn.request(Code.BROKER_INFO)).header
         self._id_prefix = _id_prefix(info["address"])

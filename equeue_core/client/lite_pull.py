@@ -48,7 +48,13 @@ from typing import Any
 
 from equeue_core.client.backlog_gate import DEFAULT_MAX_BACKLOG_BYTES, RecordBytes, turns_within
 from equeue_core.client.connection import BrokerConnection, raise_for_error, signed_header
-from equeue_core.client.consumer import AsyncConsumer, checked_backlog_queues, checked_count, parse_expression
+from equeue_core.client.consumer import (
+    AsyncConsumer,
+    checked_backlog_bytes,
+    checked_backlog_queues,
+    checked_count,
+    parse_expression,
+)
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import ReceivedMessage, decode_batch
 from equeue_core.client.process_queue import ProcessQueue
@@ -224,8 +230,7 @@ class LitePullConsumer:
                               "broadcasting, orderly handling or retry topics")
         self.group = group
         self.max_backlog_queues = checked_backlog_queues(max_backlog_queues)
-        self.max_backlog_bytes = None if max_backlog_bytes is None else checked_count(
-            "max_backlog_bytes", max_backlog_bytes)
+        self.max_backlog_bytes = checked_backlog_bytes(max_backlog_bytes)
         self._record_bytes = RecordBytes()  # a record's wire bytes, from the answers (_turn_limit)
         self.max_poll_records = checked_count("max_poll_records", max_poll_records)
         self.pull_batch = pull_batch
