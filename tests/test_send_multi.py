@@ -188,7 +188,9 @@ def _gather_behind_a_frozen_broker(b: BrokerProcess, p: Producer, n: int) -> lis
     assert wait_until(lambda: len(p._async._deferred) >= len(TOPICS) - 4, timeout=10), p._async._deferred
     waiter = threading.Thread(target=lambda: futures[-1].exception(60))
     waiter.start()
-    assert wait_until(lambda: not p._async._open, timeout=10)  # gone, in SEND_MULTI frames
+    # gone, in SEND_MULTI frames: the loop thread empties _open first and counts the frames it
+    # writes after, so the count is waited for too
+    assert wait_until(lambda: not p._async._open and p.multi_frames >= 1, timeout=10), p.multi_frames
     return [futures, waiter]
 
 
