@@ -13,7 +13,8 @@ from equeue_core.client import AdminClient, Consumer, LitePullConsumer, Message,
 from equeue_core.client.backlog_gate import DEFAULT_MAX_BACKLOG_BYTES, BacklogGate
 from equeue_core.errors import ConfigError
 from tests.helpers.broker import BrokerProcess
-from tests.helpers.consume import Collector
+from tests.helpers.consume import Collector, consume
+from tests.test_lite_pull import _poll_until
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -99,23 +100,24 @@ def _backlog(address: str, queues: int, per_queue: int, size: int) -> None:
     assert sorted(filled) == list(range(queues))
 
 
+class SleepingCollector(Collector):
+    """A Collector whose handler sleeps first (a handler that waits on I/O)."""
+
+    def __init__(self, expected: int, sleep: float) -> None:
+        super().__init__(expected)
+        self.sleep = sleep
+
+    def __call__(self, m) -> None:
+        time.sleep(self.sleep)
+        super().__call__(m)
+
+
 def _drain(address: str, group: str, expected: int, handler_sleep: float = 0.0, **options) -> dict[str, int]:
-    col = Collector(expected)
-
-    def handler(m) -> None:
-        if handler_sleep:
-            time.sleep(handler_sleep)
-        col(m)
-
-    c = Consumer(group, address, consume_from="first", **options)
-    c.subscribe("backlog")
-    c.start(handler)
-    try:
-        assert col.wait(60), f"got {len(col.items)} of {expected}"
-        assert len({item[3] for item in col.items}) == len(col.items)  # none twice
-        return dict(c.stats)
-    finally:
-        c.close()
+    col = consume(address, group, "backlog", expected,
+                  collector=SleepingCollector(expected, handler_sleep) if handler_sleep else None, **options)
+    assert col.done.is_set(), f"got {len(col.items)} of {expected}"
+    assert len({item[3] for item in col.items}) == len(col.items)  # none twice
+    return col.stats
 
 
 def test_a_computing_handler_s_backlog_turns_follow_the_bytes_and_a_waiting_one_s_the_queue_count(tmp_path):
@@ -149,15 +151,11 @@ def test_max_backlog_bytes_must_be_a_whole_number_of_at_least_one_or_none(bad):
 
 
 def _poll_all(address: str, group: str, expected: int, **options) -> dict[str, int]:
-    bodies: set[bytes] = set()
     with LitePullConsumer(group, address, consume_from="first", **options) as c:
         c.assign("backlog")
-        deadline = time.monotonic() + 60
-        while len(bodies) < expected and time.monotonic() < deadline:
-            for m in c.poll(1.0):
-                assert m.body not in bodies, m  # none twice
-                bodies.add(m.body)
-        assert len(bodies) == expected, f"got {len(bodies)} of {expected}"
+        got = _poll_until(c, expected, timeout=60)
+        assert len(got) == expected, f"got {len(got)} of {expected}"
+        assert len({m.body for m in got}) == expected  # none twice
         return dict(c.stats)
 
 

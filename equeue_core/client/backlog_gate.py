@@ -37,6 +37,7 @@ may be called from any thread.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import Callable
 
@@ -63,6 +64,11 @@ class RecordBytes:
         size = body_bytes / count
         mean = self.mean
         self.mean = size if mean is None else mean + (size - mean) * SIZE_WEIGHT
+
+    def window(self, messages: int, most: float = math.inf) -> float | None:
+        """What `messages` of them take, at most `most` bytes; None before the first answer."""
+        mean = self.mean
+        return None if mean is None else min(messages * mean, most)
 
 
 def turns_within(max_queues: int, max_bytes: int, window_bytes: float | None, least: int) -> int:
@@ -101,9 +107,8 @@ class BacklogGate:
         busy_limit = self.busy_limit
         if self.max_bytes is None or busy_limit is None:
             return self.max_queues
-        mean = self.record_bytes.mean
-        window = None if mean is None else min(self._flow_messages * mean, self._flow_bytes)
-        return turns_within(self.max_queues, self.max_bytes, window,
+        return turns_within(self.max_queues, self.max_bytes,
+                            self.record_bytes.window(self._flow_messages, self._flow_bytes),
                             TURNS_PER_BUSY_WORKER * busy_limit())
 
     async def take(self) -> None:

@@ -767,9 +767,8 @@ class LitePullConsumer:
         before the first answer with messages)."""
         if self.max_backlog_bytes is None:
             return self.max_backlog_queues
-        mean = self._record_bytes.mean
-        window = None if mean is None else mean * (self.pull_batch or PULL_BATCH_CEILING)
-        return turns_within(self.max_backlog_queues, self.max_backlog_bytes, window, LEAST_TURNS)
+        return turns_within(self.max_backlog_queues, self.max_backlog_bytes,
+                            self._record_bytes.window(self.pull_batch or PULL_BATCH_CEILING), LEAST_TURNS)
 
     def _admit(self, pull_now: bool) -> None:
         """Give free turns to the queues waiting longest; their pulls go out now (inside poll),

@@ -11,11 +11,13 @@ from equeue_core.client import Consumer
 
 
 class Collector:
-    """A handler that records (topic, queue_id, queue_offset, body) and signals at `expected`."""
+    """A handler that records (topic, queue_id, queue_offset, body) and signals at `expected`.
+    `stats`: the consumer's stats when `consume` closed it."""
 
     def __init__(self, expected: int, fail: Callable[[Any], bool] | None = None) -> None:
         self.expected = expected
         self.fail = fail
+        self.stats: dict[str, Any] = {}
         self.items: list[tuple[str, int, int, bytes]] = []
         self.messages: list[Any] = []
         self.lock = threading.Lock()
@@ -35,9 +37,10 @@ class Collector:
 
 
 def consume(address: str, group: str, topic: str, expected: int, timeout: float = 60.0,
-            **options: Any) -> Collector:
-    """Start a consumer, wait for `expected` messages (or timeout), close it (commits offsets)."""
-    col = Collector(expected)
+            collector: Collector | None = None, **options: Any) -> Collector:
+    """Start a consumer, wait for `expected` messages (or timeout), close it (commits offsets).
+    `collector`: the handler to use (a Collector of `expected` made here if None)."""
+    col = Collector(expected) if collector is None else collector
     c = Consumer(group, address, **{"consume_from": "first", **options})
     c.subscribe(topic)
     c.start(col)
@@ -46,6 +49,7 @@ def consume(address: str, group: str, topic: str, expected: int, timeout: float 
         while not col.done.is_set() and time.monotonic() < deadline:
             col.done.wait(0.1)
     finally:
+        col.stats = dict(c.stats)
         c.close()
     return col
 
