@@ -53,6 +53,18 @@ class MappedChunk:
         self.last_used = time.monotonic()
         return m[0][start:end]
 
+    def view(self, end: int) -> memoryview | None:
+        """The mapped file from its start to at least `end`, as a view (no copy), or None if the
+        file is not that long. The view keeps its map alive (see the module docstring), so the
+        caller should drop it once it has copied what it needs."""
+        m = self.mapping
+        if m is None or end > m[1]:
+            m = self._map(end)
+            if m is None:
+                return None
+        self.last_used = time.monotonic()
+        return memoryview(m[0])
+
     def unmap(self) -> int:
         """Drop the mapping (freed once no reader holds it); returns the bytes it covered."""
         n = self.mapped_bytes

@@ -637,8 +637,11 @@ class FileMessageStore:
         runs, count, scanned = index_runs(entries, max_count, max_bytes, tag_hashes)
         verified_from = self._verified_from
         if len(runs) > 1 and runs[0][0] >= verified_from:  # (ascending: a queue's records are)
-            # many spans (a queue among many topics' records) fresh in the ring: one copy of them all
+            # many spans (a queue among many topics' records): one copy of them all, out of the
+            # ring while it holds every one, else out of the mapped chunks
             records = self.log.read_ring(runs)
+            if records is None:
+                records = self.log.read_file_runs(runs)
             if records is not None:
                 return PullResult(records, count, offset + scanned, lo, hi)
         parts = []
