@@ -22,7 +22,9 @@ import logging
 import os
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Sequence
+from operator import itemgetter
 
 from equeue_core.errors import InvalidMessageError, StoreError
 
@@ -32,6 +34,7 @@ from .constants import (
     END_OF_CHUNK_SIZE,
     LENGTH_AHEAD,
     MAP_IDLE_SECONDS,
+    RING_PAGE,
     file_name,
     parse_file_name,
 )
@@ -257,21 +260,42 @@ class CommitLog:
             return data
         return self.read_file(start, end)
 
-    def read_ring(self, runs: list[tuple[int, int]]) -> bytes | None:
-        """The bytes of the spans `runs` joined, if the ring holds every one of them (else None:
-        read them one by one, `read`)."""
-        return self.ring.read_runs(runs)
-
-    def read_file_runs(self, runs: Sequence[tuple[int, int]]) -> bytes | None:
+    def read_runs(self, runs: Sequence[tuple[int, int]]) -> bytes | None:
         """The bytes of every span of `runs` (ascending, each within one chunk) joined, copied
-        once straight out of the mapped chunks; None if a chunk they lie in cannot be mapped
-        (deleted by retention, or the maps are at their high watermark): read them one by one
-        then (`read`). Why: over many topics a queue's records lie in runs, and a pull read
-        one by one paid several calls and a copy of its own per run before the join copied it
-        all again (docs/benchmarks.md, "A pull's spans out of the mapped chunks in one copy")."""
+        once: the spans the ring may still hold (the newest `ring.size` bytes) out of it in one
+        gather, the older ones sliced straight out of the mapped chunks (the ring's part, when
+        there are both, is copied a second time in the join). None if a chunk they lie in cannot
+        be mapped (deleted by retention, or the maps are at their high watermark): read them one
+        by one then (`read`, which preads).
+
+        Why: over many topics a queue's records lie in the log in runs. Read one by one, each
+        run cost a ring try, a map lookup and a copy of its own, and the join copied them all
+        again (docs/benchmarks.md, "A pull's runs out of the mapped chunks in one copy"). The
+        ring is still read where it holds the spans: slicing the chunks there would map pages
+        the ring spares the reader (the broker's RSS grew by the ring's size)."""
+        ring = self.ring
+        oldest_held = (self.write_pos // RING_PAGE - ring.pages + 1) * RING_PAGE  # (once it has lapped)
+        k = bisect_left(runs, oldest_held, key=itemgetter(0))
+        newest = None
+        if k < len(runs):
+            newest = ring.read_runs(runs[k:] if k else runs)
+            if newest is None:  # lapped meanwhile (or never written there): the chunks
+                k = len(runs)
+            elif not k:
+                return newest
+        parts = self._chunk_views(runs[:k])
+        if parts is None:
+            return None
+        if newest is not None:
+            parts.append(newest)
+        return b"".join(parts)
+
+    def _chunk_views(self, runs: Sequence[tuple[int, int]]) -> list | None:
+        """Views of the spans `runs` in the mapped chunks (no copy yet), or None if a chunk they
+        lie in cannot be mapped."""
         cs = self.chunk_size
         maps = self._maps
-        parts: list[memoryview] = []
+        parts: list = []
         view: memoryview | None = None
         base = -1
         i, n = 0, len(runs)
@@ -291,7 +315,7 @@ class CommitLog:
             assert view is not None
             parts += [view[a - cstart:b - cstart] for a, b in runs[i:j]]
             i = j
-        return b"".join(parts)
+        return parts
 
     def read_file(self, start: int, end: int) -> bytes | None:
         """Like read(), but from the chunk file (mmap or pread), never the ring."""

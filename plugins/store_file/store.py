@@ -638,10 +638,8 @@ class FileMessageStore:
         verified_from = self._verified_from
         if len(runs) > 1 and runs[0][0] >= verified_from:  # (ascending: a queue's records are)
             # many spans (a queue among many topics' records): one copy of them all, out of the
-            # ring while it holds every one, else out of the mapped chunks
-            records = self.log.read_ring(runs)
-            if records is None:
-                records = self.log.read_file_runs(runs)
+            # ring where it holds them and the mapped chunks before that (CommitLog.read_runs)
+            records = self.log.read_runs(runs)
             if records is not None:
                 return PullResult(records, count, offset + scanned, lo, hi)
         parts = []

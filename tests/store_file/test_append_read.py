@@ -209,55 +209,69 @@ def test_no_new_maps_above_the_high_watermark(tmp_path) -> None:
     store.close()
 
 
+_RUNS = 160  # runs of each queue in _interleaved_store, 5 records each
+
+
 def _interleaved_store(tmp_path, **options):
-    """Three queues appended in turn, 5 records at a time, over several 64 KiB chunks: a pull of
-    one queue is many runs, some of them in the next chunk."""
+    """Three queues appended in turn, 5 records at a time, ~670 KB over eleven 64 KiB chunks: a
+    pull of one queue is many runs, in many chunks."""
     store, _ = open_store(tmp_path, **options)
-    for i in range(120):
+    for i in range(3 * _RUNS):
         append(store, 5, queue_id=i % 3, body=b"q%d-" % (i % 3) + b"m" * 200, first_number=(i // 3) * 5)
     assert len(store.log.chunks) >= 3
     return store
 
 
-def test_a_pull_s_runs_out_of_the_mapped_chunks_are_one_copy_of_the_same_bytes(tmp_path) -> None:
-    """No ring: a pull's runs come out of the mapped chunks in one join (read_file_runs), byte
-    for byte what reading them one by one gives, across a chunk roll too."""
+@pytest.mark.parametrize("ring_bytes", [0, 4 * 64 * 1024])
+def test_a_pull_s_runs_are_one_copy_of_the_same_bytes_from_the_chunks_and_the_ring(
+        tmp_path, ring_bytes) -> None:
+    """A pull's runs in one join (CommitLog.read_runs), byte for byte what reading them one by
+    one gives, across a chunk roll too: without a ring all out of the mapped chunks; with a ring
+    of four pages the newest out of the ring and the older ones out of the chunks."""
     from equeue_core.record import index_runs
 
-    store = _interleaved_store(tmp_path, ring_bytes=0)
+    store = _interleaved_store(tmp_path, ring_bytes=ring_bytes)
     lo, hi = store.queue_range("t", 1)
     entries = store.index.read("t", 1, lo, hi - lo)
     runs, count, _ = index_runs(entries, hi - lo, 1 << 30, None)
-    assert count == 200 and len(runs) == 40
+    assert count == 5 * _RUNS and len(runs) == _RUNS
     cs = store.log.chunk_size
     assert len({a - a % cs for a, _ in runs}) >= 3  # the runs lie in three chunks or more
-    joined = store.log.read_file_runs(runs)
-    assert joined == b"".join(store.log.read_file(a, b) for a, b in runs)
-    assert [m.body for m in record.iter_records(joined)] == [b"q1-" + b"m" * 200 + b"-%d" % n for n in range(200)]
+    assert store.log.ring.read(*runs[0]) is None
+    assert (store.log.ring.read(*runs[-1]) is not None) == bool(ring_bytes)
+    if ring_bytes:  # what the ring holds is read from it, mapping no more of the chunks
+        held = [r for r in runs if store.log.ring.read(*r) is not None]
+        assert 2 <= len(held) < len(runs)
+        mapped = store.log.mapped_bytes()
+        assert store.log.read_runs(held) == b"".join(store.log.ring.read(*r) for r in held)
+        assert store.log.mapped_bytes() == mapped
+    joined = store.log.read_runs(runs)
+    assert joined == b"".join(store.log.read(a, b) for a, b in runs)
+    assert [m.body for m in record.iter_records(joined)] == [b"q1-" + b"m" * 200 + b"-%d" % n for n in range(5 * _RUNS)]
     for q in range(3):  # and through read_queue, a pull at a time
         assert [m.body for m in read_all(store, "t", q)] == [b"q%d-" % q + b"m" * 200 + b"-%d" % n
-                                                             for n in range(200)]
+                                                             for n in range(5 * _RUNS)]
     store.close()
 
 
 def test_a_pull_s_runs_are_read_one_by_one_when_their_chunks_cannot_be_mapped(tmp_path) -> None:
-    """Above the maps' high watermark read_file_runs gives up (None) and read_queue reads the
-    runs one by one (pread): the same records. A chunk deleted by retention gives None too."""
+    """Above the maps' high watermark read_runs gives up (None) and read_queue reads the runs
+    one by one (pread): the same records. A chunk deleted by retention gives None too."""
     from equeue_core.record import index_runs
 
     store = _interleaved_store(tmp_path, ring_bytes=0, map_high_bytes=1)
     lo, hi = store.queue_range("t", 2)
     runs, _, _ = index_runs(store.index.read("t", 2, lo, hi - lo), hi - lo, 1 << 30, None)
-    assert store.log.read_file_runs(runs) is None  # the first chunk maps, the next may not
-    assert [m.body for m in read_all(store, "t", 2)] == [b"q2-" + b"m" * 200 + b"-%d" % n for n in range(200)]
+    assert store.log.read_runs(runs) is None  # the first chunk maps, the next may not
+    assert [m.body for m in read_all(store, "t", 2)] == [b"q2-" + b"m" * 200 + b"-%d" % n for n in range(5 * _RUNS)]
     store.close()
 
     store = _interleaved_store(tmp_path / "deleted", ring_bytes=0)
     lo, hi = store.queue_range("t", 0)
     runs, _, _ = index_runs(store.index.read("t", 0, lo, hi - lo), hi - lo, 1 << 30, None)
     assert store.delete_before(store.log.chunk_size + 1) > 0  # retention takes the first chunk
-    assert store.log.read_file_runs(runs) is None  # the runs read before it: not all stored now
-    assert store.log.read_file_runs([r for r in runs if r[0] >= store.log.chunk_size]) is not None
+    assert store.log.read_runs(runs) is None  # the runs read before it: not all stored now
+    assert store.log.read_runs([r for r in runs if r[0] >= store.log.chunk_size]) is not None
     store.close()
 
 
