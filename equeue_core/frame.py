@@ -44,13 +44,36 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(dict[str, Any])
 
 
+class BodyParts:
+    """A body that is several buffers, written out in order and never joined on the way out.
+
+    For frames a server writes: a PULL_MULTI answer's sections are each a fresh copy out of the
+    store, and joining them copied every byte a second time (docs/benchmarks.md, "A pull's
+    spans out of the mapped chunks in one copy"). `encode` puts the buffers after the header as
+    they are; `len()` is their bytes and `bytes()` joins them, for anything that needs one
+    buffer. Each buffer must be bytes-like with one byte per item (bytes, bytearray, or a
+    memoryview of format "B")."""
+
+    __slots__ = ("buffers", "nbytes")
+
+    def __init__(self, buffers: list[bytes | bytearray | memoryview]) -> None:
+        self.buffers = buffers
+        self.nbytes = sum(map(len, buffers))
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.buffers)
+
+
 @dataclass(slots=True)
 class Frame:
     code: int
     request_id: int = 0
     flags: int = 0
     header: dict[str, Any] = field(default_factory=dict)
-    body: bytes | bytearray | memoryview = b""
+    body: bytes | bytearray | memoryview | BodyParts = b""
 
     @property
     def is_response(self) -> bool:
@@ -69,7 +92,7 @@ class Frame:
         return bool(self.flags & FLAG_PUSH)
 
     def response(self, header: dict[str, Any] | None = None,
-                 body: bytes | bytearray | memoryview = b"") -> Frame:
+                 body: bytes | bytearray | memoryview | BodyParts = b"") -> Frame:
         """The response frame to this request."""
         return Frame(self.code, self.request_id, FLAG_RESPONSE, header or {}, body)
 
@@ -92,11 +115,12 @@ def encode_header(header: dict[str, Any]) -> bytes:
 
 
 def encode_parts(code: int, request_id: int, flags: int, header_b: bytes,
-                 body: bytes | bytearray | memoryview, max_frame: int = DEFAULT_MAX_FRAME,
+                 body: bytes | bytearray | memoryview | BodyParts, max_frame: int = DEFAULT_MAX_FRAME,
                  join_below: int = 0) -> list[bytes | bytearray | memoryview]:
     """`encode` for a header already encoded (encode_header): the buffers to write in order.
     A body shorter than `join_below` bytes is joined into the first buffer (one buffer: one
-    plain send for a small frame); a longer one is its own buffer, uncopied."""
+    plain send for a small frame); a longer one is its own buffer, uncopied (a BodyParts body:
+    its buffers, each uncopied)."""
     length = HEAD_SIZE - LENGTH_SIZE + len(header_b) + len(body)
     if length + LENGTH_SIZE > max_frame:
         raise FrameTooLargeError(
@@ -105,6 +129,10 @@ def encode_parts(code: int, request_id: int, flags: int, header_b: bytes,
     head = HEAD.pack(length, MAGIC, VERSION, code, flags, 0, request_id, len(header_b))
     if not body:
         return [head + header_b]
+    if type(body) is BodyParts:
+        if len(body) < join_below:
+            return [b"".join((head, header_b, *body.buffers))]
+        return [head + header_b, *body.buffers]
     if len(body) < join_below:
         return [b"".join((head, header_b, body))]
     return [head + header_b, body]

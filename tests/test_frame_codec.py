@@ -91,6 +91,27 @@ def test_encode_buffers_are_the_frame_and_the_body_is_not_copied(frame: wire.Fra
 
 
 @SETTINGS
+@given(frames, st.lists(st.binary(max_size=300), max_size=6), st.integers(0, 2000))
+def test_a_body_in_parts_is_the_same_frame_with_each_part_written_uncopied(
+        frame: wire.Frame, parts: list[bytes], join_below: int) -> None:
+    """A BodyParts body encodes to the bytes of the same frame with the parts joined; above
+    `join_below` each part is its own buffer (the very object), below it one buffer in all."""
+    whole = wire.Frame(frame.code, frame.request_id, frame.flags, frame.header, b"".join(parts))
+    frame.body = wire.BodyParts([bytearray(p) for p in parts])
+    assert len(frame.body) == sum(map(len, parts)) and bytes(frame.body) == b"".join(parts)
+    assert wire.encode_bytes(frame) == wire.encode_bytes(whole)
+    header_b = wire.encode_header(frame.header)
+    buffers = wire.encode_parts(frame.code, frame.request_id, frame.flags, header_b, frame.body,
+                                join_below=join_below)
+    assert b"".join(buffers) == wire.encode_bytes(whole)
+    if len(frame.body) and len(frame.body) >= join_below:
+        assert all(a is b for a, b in zip(buffers[1:], frame.body.buffers, strict=True))
+    else:
+        assert len(buffers) == 1
+    assert wire.decode(b"".join(buffers)).body == b"".join(parts)
+
+
+@SETTINGS
 @given(headers, st.integers(1, 64))
 def test_encode_over_the_max_raises_frame_too_large(header: dict, over: int) -> None:
     limit = 4096

@@ -48,7 +48,7 @@ from equeue_core.errors import (
     UnknownRequestError,
 )
 from equeue_core.export import BROKER_INFO
-from equeue_core.frame import FLAG_ONEWAY, FLAG_RESPONSE, Frame
+from equeue_core.frame import FLAG_ONEWAY, FLAG_RESPONSE, BodyParts, Frame
 from equeue_core.plugins import PluginManager, get_plugin_manager
 from equeue_core.queue_prep import QueuePreparer
 from equeue_core.replication.replication import Replication
@@ -650,7 +650,8 @@ class Broker:
                             res.min_offset, res.max_offset, res.count, size])
             if used >= budget:
                 break
-        return frame.response({"results": results}, bodies[0] if len(bodies) == 1 else b"".join(bodies))
+        # the sections' records go out as they were read, not joined into one more copy
+        return frame.response({"results": results}, bodies[0] if len(bodies) == 1 else BodyParts(bodies))
 
     def _pull_read(self, frame: Frame, topic: str, queue_id: int, offset: int, max_count: int,
                    tag_hashes: frozenset | None, max_bytes: int | None = None):
