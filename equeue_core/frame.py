@@ -49,7 +49,7 @@ class BodyParts:
 
     For frames a server writes: a PULL_MULTI answer's sections are each a fresh copy out of the
     store, and joining them copied every byte a second time (docs/benchmarks.md, "A pull's
-    spans out of the mapped chunks in one copy"). `encode` puts the buffers after the header as
+    runs out of the mapped chunks in one copy"). `encode` puts the buffers after the header as
     they are; `len()` is their bytes and `bytes()` joins them, for anything that needs one
     buffer. Each buffer must be bytes-like with one byte per item (bytes, bytearray, or a
     memoryview of format "B")."""
