@@ -43,27 +43,27 @@ class MappedChunk:
         self.mapping = m
         return m
 
-    def read(self, start: int, end: int) -> bytes | None:
-        """Bytes [start, end) of the file (offsets within the chunk), or None if not there."""
+    def _covering(self, end: int) -> mmap.mmap | None:
+        """A map of the file through at least `end` (remapped if the file grew), or None."""
         m = self.mapping
         if m is None or end > m[1]:
             m = self._map(end)
             if m is None:
                 return None
         self.last_used = time.monotonic()
-        return m[0][start:end]
+        return m[0]
+
+    def read(self, start: int, end: int) -> bytes | None:
+        """Bytes [start, end) of the file (offsets within the chunk), or None if not there."""
+        m = self._covering(end)
+        return None if m is None else m[start:end]
 
     def view(self, end: int) -> memoryview | None:
         """The mapped file from its start to at least `end`, as a view (no copy), or None if the
         file is not that long. The view keeps its map alive (see the module docstring), so the
         caller should drop it once it has copied what it needs."""
-        m = self.mapping
-        if m is None or end > m[1]:
-            m = self._map(end)
-            if m is None:
-                return None
-        self.last_used = time.monotonic()
-        return memoryview(m[0])
+        m = self._covering(end)
+        return None if m is None else memoryview(m)
 
     def unmap(self) -> int:
         """Drop the mapping (freed once no reader holds it); returns the bytes it covered."""
