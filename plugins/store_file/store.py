@@ -48,6 +48,7 @@ from equeue_core.errors import (
     OffsetOutOfRangeError,
     StoreError,
 )
+from equeue_core.export import first_damaged, index_entry_dtype
 from equeue_core.flush import Flusher
 from equeue_core.record import (
     CRC_FROM,
@@ -94,6 +95,9 @@ _HEAD20 = struct.Struct("<IBBHIQ")  # size, magic, version, flags, crc, position
 _STORE_TS = struct.Struct("<q")
 _OFF_STORE_TS = 44
 _SCAN_WITH_FILTER = 4096  # index entries a filtered pull may scan past non-matching ones
+# A pull below _verified_from of at least this many records is checked all at once (numpy and a
+# batched crc, ~20 us to set up), a smaller one record by record (~1 us a record in Python).
+VERIFY_AT_ONCE = 32
 
 
 def _first_damaged(data: bytes, base: int, picked: list[tuple[int, int, int]], first: int,
@@ -116,6 +120,22 @@ def _first_damaged(data: bytes, base: int, picked: list[tuple[int, int, int]], f
         if damage(data, at, size, pos) is not None:
             return k
     return None
+
+
+def _all_intact(data: bytes, entries: memoryview, tag_hashes: frozenset[int] | None, count: int) -> bool:
+    """Whether `data`, the records of the pull's first `count` entries (those of `tag_hashes`
+    only, when given) laid end to end, verifies whole: every record's size, magic, version,
+    stamped position and crc at once (export.first_damaged)."""
+    import numpy as np
+
+    e = np.frombuffer(entries, dtype=index_entry_dtype())
+    if tag_hashes is not None:
+        e = e[np.isin(e["tag_hash"], np.fromiter(tag_hashes, dtype=np.uint64, count=len(tag_hashes)))]
+    e = e[:count]
+    size = e["size"].astype(np.int64)
+    if len(e) != count or int(size.sum()) != len(data):
+        return False
+    return first_damaged(data, np.cumsum(size) - size, size, e["position"]) is None
 
 
 def _int_option(options: dict, name: str, default: int) -> int:
@@ -635,8 +655,10 @@ class FileMessageStore:
         scan = max_count if tag_hashes is None else max(max_count, _SCAN_WITH_FILTER)
         entries = self.index.read(topic, queue_id, offset, min(scan, hi - offset))
         runs, count, scanned = index_runs(entries, max_count, max_bytes, tag_hashes)
-        verified_from = self._verified_from
-        if len(runs) > 1 and runs[0][0] >= verified_from:  # (ascending: a queue's records are)
+        if runs and runs[0][0] < self._verified_from:  # (ascending: a queue's records are)
+            return self._verified(topic, queue_id, offset, entries, tag_hashes, runs, count,
+                                  offset + scanned, lo, hi)
+        if len(runs) > 1:
             # many spans (a queue among many topics' records): one copy of them all, out of the
             # ring where it holds them and the mapped chunks before that (CommitLog.read_runs)
             records = self.log.read_runs(runs)
@@ -649,20 +671,28 @@ class FileMessageStore:
                 lo = self._range(topic, queue_id)[0]
                 raise OffsetOutOfRangeError(f"offset {offset} of {topic}/{queue_id} was deleted",
                                             min_offset=lo, max_offset=hi)
-            if a < verified_from:
-                parts.append(data)
-                return self._verified(topic, queue_id, offset, entries, tag_hashes, runs, parts, count,
-                                      offset + scanned, lo, hi)
             parts.append(data)
         records = parts[0] if len(parts) == 1 else b"".join(parts)
         return PullResult(records, count, offset + scanned, lo, hi)
 
     def _verified(self, topic: str, queue_id: int, offset: int, entries: memoryview,
-                  tag_hashes: frozenset[int] | None, runs: list[tuple[int, int]], parts: list,
+                  tag_hashes: frozenset[int] | None, runs: list[tuple[int, int]],
                   count: int, next_offset: int, lo: int, hi: int) -> PullResult:
-        """read_queue's slow path, for a pull that reaches below _verified_from: check every
-        record (record.damage), serve the intact ones before the first damaged one, or raise
-        CorruptRecordError when that is the first. `parts` holds the bytes of runs[:len(parts)]."""
+        """read_queue for a pull that reaches below _verified_from: check every record
+        (record.damage's checks), serve the intact ones before the first damaged one, or raise
+        CorruptRecordError when that is the first.
+
+        A pull of VERIFY_AT_ONCE records or more is read in one copy and checked all at once
+        (export.first_damaged: vectorised, one batched crc call). Only when that finds a damaged
+        record, or the runs cannot be read in one copy, does it go record by record, re-reading
+        a record that fails in a ring copy from its chunk file before calling it damaged. Why:
+        after a restart everything written before it lies below _verified_from, and record by
+        record a consumer catching up drained at a third of its rate (docs/benchmarks.md, "A
+        pull's runs out of the mapped chunks in one copy")."""
+        if count >= VERIFY_AT_ONCE:
+            data = self.log.read_runs(runs) if len(runs) > 1 else self.log.read(*runs[0])
+            if data is not None and _all_intact(data, entries, tag_hashes, count):
+                return PullResult(data, count, next_offset, lo, hi)
         picked: list[tuple[int, int, int]] = []  # (queue offset, position, size) of served entries
         for i, (pos, size, th) in enumerate(INDEX_ENTRY.iter_unpack(entries)):
             if len(picked) == count:
@@ -679,7 +709,7 @@ class FileMessageStore:
             run_end = pos + size
         out = []
         for r, (a, b) in enumerate(runs):
-            data = parts[r] if r < len(parts) else self.log.read(a, b)
+            data = self.log.read(a, b)
             k, last = bounds[r]
             bad = None if data is None else _first_damaged(data, a, picked, k, last)
             if bad is not None:  # a ring copy may have lost a race: judge by the chunk file alone

@@ -8,6 +8,7 @@ crc so the deeper check (the position the index names) is the one that catches i
 from __future__ import annotations
 
 import pytest
+from equeue_plugins.store_file import store as store_module
 from equeue_plugins.store_file.constants import RING_PAGE
 from equeue_plugins.store_file.ring import Ring
 
@@ -15,6 +16,15 @@ from equeue_core import record
 from equeue_core.errors import CorruptRecordError
 
 from .helpers import append, bodies, chunk_and_offset, crash, fix_crc, flip_byte, open_store
+
+
+@pytest.fixture(params=["record by record", "all at once"], autouse=True)
+def verify_mode(request, monkeypatch) -> str:
+    """Every test here runs twice: with the store's own threshold (these small pulls are checked
+    record by record) and with every pull checked all at once (store.VERIFY_AT_ONCE = 1)."""
+    if request.param == "all at once":
+        monkeypatch.setattr(store_module, "VERIFY_AT_ONCE", 1)
+    return request.param
 
 
 def test_flipped_body_byte_is_refused_on_read_with_its_position(tmp_path) -> None:
@@ -64,6 +74,50 @@ def test_records_written_by_an_earlier_process_are_verified_after_a_crash_too(tm
     with pytest.raises(CorruptRecordError, match="offset 0"):
         store.read_queue("t", 0, 0, 32, 1 << 20)
     assert bodies(store.read_queue("t", 0, 1, 32, 1 << 20).records) == [b"m-1", b"m-2", b"m-3", b"m-0", b"m-1"]
+    store.close()
+
+
+def _two_queues_then_reopen(tmp_path):
+    """Queues 0 and 1 appended in turn, 5 records at a time (queue 0: 200 records in 40 runs),
+    then the store closed and opened again, so every record lies below _verified_from."""
+    store, _ = open_store(tmp_path)
+    results = [append(store, 5, queue_id=i % 2, first_number=(i // 2) * 5) for i in range(80)]
+    store.close()
+    store, _ = open_store(tmp_path)
+    return store, [p for r in results[0::2] for p in r.positions]
+
+
+def test_a_large_pull_after_a_restart_is_checked_at_once(tmp_path, monkeypatch) -> None:
+    """200 records of one queue in 40 runs after a reopen: served whole in one pull, with not one
+    record checked on its own (the record-by-record check is never called)."""
+    store, _ = _two_queues_then_reopen(tmp_path)
+    calls = []
+    one_by_one = store_module._first_damaged
+    monkeypatch.setattr(store_module, "_first_damaged", lambda *a: calls.append(a) or one_by_one(*a))
+    r = store.read_queue("t", 0, 0, 256, 1 << 24)
+    assert (r.count, r.next_offset) == (200, 200)
+    assert bodies(r.records) == [b"m-%d" % n for n in range(200)]
+    tagged = store.read_queue("t", 0, 0, 256, 1 << 24, frozenset({0}))  # untagged records: hash 0
+    assert tagged.count == 200 and tagged.records == r.records
+    assert calls == []
+    store.close()
+
+
+def test_a_large_pull_after_a_restart_stops_before_a_damaged_record(tmp_path) -> None:
+    """The same pull with record 150 damaged: the 150 before it are served, a pull that starts
+    at it is refused with its place, and the 49 after it are served."""
+    store, positions = _two_queues_then_reopen(tmp_path)
+    store.close()
+    file, at = chunk_and_offset(tmp_path, positions[150])
+    flip_byte(file, at + record.HEADER_SIZE + 2)
+    store, _ = open_store(tmp_path)
+    r = store.read_queue("t", 0, 0, 256, 1 << 24)
+    assert (r.count, r.next_offset) == (150, 150)
+    assert bodies(r.records) == [b"m-%d" % n for n in range(150)]
+    with pytest.raises(CorruptRecordError) as err:
+        store.read_queue("t", 0, 150, 256, 1 << 24)
+    assert err.value.details == {"topic": "t", "queue_id": 0, "offset": 150, "position": positions[150]}
+    assert bodies(store.read_queue("t", 0, 151, 256, 1 << 24).records) == [b"m-%d" % n for n in range(151, 200)]
     store.close()
 
 
