@@ -658,22 +658,29 @@ class FileMessageStore:
         if runs and runs[0][0] < self._verified_from:  # (ascending: a queue's records are)
             return self._verified(topic, queue_id, offset, entries, tag_hashes, runs, count,
                                   offset + scanned, lo, hi)
+        records = self._read_runs(runs)
+        if records is None:  # deleted by retention meanwhile
+            lo = self._range(topic, queue_id)[0]
+            raise OffsetOutOfRangeError(f"offset {offset} of {topic}/{queue_id} was deleted",
+                                        min_offset=lo, max_offset=hi)
+        return PullResult(records, count, offset + scanned, lo, hi)
+
+    def _read_runs(self, runs: list[tuple[int, int]]) -> bytes | None:
+        """The bytes of a pull's runs joined, None if one is no longer stored. Several runs (a
+        queue among many topics' records) in one copy, out of the ring where it holds them and
+        the mapped chunks before that (CommitLog.read_runs); one run, or runs whose chunks
+        cannot be mapped, one by one (`read`, which preads when it must)."""
         if len(runs) > 1:
-            # many spans (a queue among many topics' records): one copy of them all, out of the
-            # ring where it holds them and the mapped chunks before that (CommitLog.read_runs)
             records = self.log.read_runs(runs)
             if records is not None:
-                return PullResult(records, count, offset + scanned, lo, hi)
+                return records
         parts = []
         for a, b in runs:
             data = self.log.read(a, b)
-            if data is None:  # deleted by retention meanwhile
-                lo = self._range(topic, queue_id)[0]
-                raise OffsetOutOfRangeError(f"offset {offset} of {topic}/{queue_id} was deleted",
-                                            min_offset=lo, max_offset=hi)
+            if data is None:
+                return None
             parts.append(data)
-        records = parts[0] if len(parts) == 1 else b"".join(parts)
-        return PullResult(records, count, offset + scanned, lo, hi)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _verified(self, topic: str, queue_id: int, offset: int, entries: memoryview,
                   tag_hashes: frozenset[int] | None, runs: list[tuple[int, int]],
@@ -690,7 +697,7 @@ class FileMessageStore:
         record a consumer catching up drained at a third of its rate (docs/benchmarks.md, "A
         pull's runs out of the mapped chunks in one copy")."""
         if count >= VERIFY_AT_ONCE:
-            data = self.log.read_runs(runs) if len(runs) > 1 else self.log.read(*runs[0])
+            data = self._read_runs(runs)
             if data is not None and _all_intact(data, entries, tag_hashes, count):
                 return PullResult(data, count, next_offset, lo, hi)
         picked: list[tuple[int, int, int]] = []  # (queue offset, position, size) of served entries

@@ -8,6 +8,7 @@ files, exactly as after kill -9. The SIGKILL test does the real thing in a subpr
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from equeue_plugins.store_file.constants import COMMITLOG_DIR, INDEX_DIR, file_name
@@ -44,6 +45,15 @@ def make_batch(n: int, topic: str = "t", body: bytes = b"m", tag: str | None = N
 def append(store: FileMessageStore, n: int, topic: str = "t", queue_id: int = 0, **kw: object):
     buf, starts = make_batch(n, topic, **kw)  # type: ignore[arg-type]
     return store.append(topic, queue_id, buf, starts)
+
+
+def append_in_turn(store: FileMessageStore, queues: int, rounds: int, n: int,
+                   body: Callable[[int], bytes] = lambda q: b"m") -> list:
+    """Queues 0..queues-1 of topic "t" appended in turn, n records at a time, `rounds` times: a
+    queue's records lie in the log in runs of n, numbered from 0 in each queue (body(q) + b"-k").
+    The append results, in order."""
+    return [append(store, n, queue_id=i % queues, body=body(i % queues), first_number=(i // queues) * n)
+            for i in range(queues * rounds)]
 
 
 def bodies(records: bytes | bytearray | memoryview) -> list[bytes]:

@@ -11,7 +11,16 @@ from equeue_core import record
 from equeue_core.errors import InvalidMessageError, MessageNotFoundError, OffsetOutOfRangeError
 from equeue_core.plugins import PluginManager
 
-from .helpers import SMALL_CHUNK, append, bodies, chunk_paths, make_batch, open_store, read_all
+from .helpers import (
+    SMALL_CHUNK,
+    append,
+    append_in_turn,
+    bodies,
+    chunk_paths,
+    make_batch,
+    open_store,
+    read_all,
+)
 
 
 def test_plugin_registers_file_for_every_storage_hook() -> None:
@@ -216,8 +225,7 @@ def _interleaved_store(tmp_path, **options):
     """Three queues appended in turn, 5 records at a time, ~670 KB over eleven 64 KiB chunks: a
     pull of one queue is many runs, in many chunks."""
     store, _ = open_store(tmp_path, **options)
-    for i in range(3 * _RUNS):
-        append(store, 5, queue_id=i % 3, body=b"q%d-" % (i % 3) + b"m" * 200, first_number=(i // 3) * 5)
+    append_in_turn(store, 3, _RUNS, 5, lambda q: b"q%d-" % q + b"m" * 200)
     assert len(store.log.chunks) >= 3
     return store
 
@@ -315,8 +323,7 @@ def test_a_queue_among_others_reads_back_its_own_records_in_order_from_the_ring_
     pull of one takes many spans (one read out of the ring for all of them while it holds them,
     the chunks for a ring lapped meanwhile): the same records, in order, either way."""
     store, _ = open_store(tmp_path, ring_bytes=ring_bytes, chunk_size=1 << 20)
-    for i in range(300):
-        append(store, 7, queue_id=i % 3, body=b"q%d-" % (i % 3) + b"m" * 60, first_number=(i // 3) * 7)
+    append_in_turn(store, 3, 100, 7, lambda q: b"q%d-" % q + b"m" * 60)
     for q in range(3):
         msgs = read_all(store, "t", q)
         assert [m.queue_offset for m in msgs] == list(range(700))

@@ -15,7 +15,7 @@ from equeue_plugins.store_file.ring import Ring
 from equeue_core import record
 from equeue_core.errors import CorruptRecordError
 
-from .helpers import append, bodies, chunk_and_offset, crash, fix_crc, flip_byte, open_store
+from .helpers import append, append_in_turn, bodies, chunk_and_offset, crash, fix_crc, flip_byte, open_store
 
 
 @pytest.fixture(params=["record by record", "all at once"], autouse=True)
@@ -81,7 +81,7 @@ def _two_queues_then_reopen(tmp_path):
     """Queues 0 and 1 appended in turn, 5 records at a time (queue 0: 200 records in 40 runs),
     then the store closed and opened again, so every record lies below _verified_from."""
     store, _ = open_store(tmp_path)
-    results = [append(store, 5, queue_id=i % 2, first_number=(i // 2) * 5) for i in range(80)]
+    results = append_in_turn(store, 2, 40, 5)
     store.close()
     store, _ = open_store(tmp_path)
     return store, [p for r in results[0::2] for p in r.positions]
