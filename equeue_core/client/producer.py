@@ -28,6 +28,7 @@ from equeue_core.client.direct import DirectConnection
 from equeue_core.client.fault import LatencyFaultTolerance
 from equeue_core.client.loop import background_loop, run_sync
 from equeue_core.client.message import Message, SendResult, append_record, append_records, msg_ids
+from equeue_core.client.queue_spread import QueueSpread
 from equeue_core.client.routing import DEFAULT_ROUTE_REFRESH_S, BrokerQueue, ClusterRouter, writable_queues
 from equeue_core.codes import Code
 from equeue_core.errors import (
@@ -42,6 +43,7 @@ from equeue_core.errors import (
 )
 from equeue_core.frame import encode_header
 from equeue_core.plugins import get_plugin_manager
+from equeue_core.strategies.selectors import RoundRobin
 
 log = logging.getLogger("equeue.producer")
 
@@ -72,6 +74,9 @@ class _Route:
     queues: list[Any]
     id_prefix: str
     fetched: float
+    # with the default selector and one broker: which queue the topic's next batch goes to
+    # (client/queue_spread.py), kept over a refresh that finds the same queues
+    spread: QueueSpread | None = None
 
 
 _FUTURE_LOCK = threading.Lock()  # a batch's future made on demand, atomically with its outcome
@@ -479,7 +484,12 @@ class AsyncProducer:
         if r is None or refresh or time.monotonic() - r.fetched > ROUTE_TTL_S:
             assert self._conn is not None, "call start() first"
             h = (await self._conn.request(Code.ROUTE, {"topic": topic, "create": True})).header
-            r = self._routes[topic] = _Route(list(range(h["queues"])), h["id_prefix"], time.monotonic())
+            queues = list(range(h["queues"]))
+            spread = None
+            if type(self._default_selector) is RoundRobin:  # batches spread by messages
+                spread = r.spread if r is not None and r.spread is not None and r.queues == queues \
+                    else QueueSpread(queues)
+            r = self._routes[topic] = _Route(queues, h["id_prefix"], time.monotonic(), spread)
         return r
 
     def _select(self, route: _Route, routing_key: str | None) -> Any:
@@ -538,9 +548,10 @@ class AsyncProducer:
         linger the batch goes at the loop's next turn, taking whatever joined it by then.
 
         A message with a routing key joins the open batch of its queue (per-key order). With one
-        broker, one without joins the topic's one open batch, whose queue the selector chose when
-        the batch was opened (sticky per batch, like Kafka's sticky partitioner): batches stay as
-        large with 1000 queues as with 4, and batch after batch still spreads over every queue.
+        broker, one without joins the topic's one open batch, whose queue was chosen when the
+        batch was opened (sticky per batch, like Kafka's sticky partitioner; _new_batch_queue):
+        batches stay as large with 1000 queues as with 4, and batch after batch still spreads
+        over every queue, evenly in messages with the default selector.
         With nameserver= the selector still picks per message (round robin over the brokers'
         queues message by message, as docs/cluster.md promises)."""
         if self._closed:
@@ -574,13 +585,14 @@ class AsyncProducer:
                 lane.out += 1
                 keys = lane.keys
                 keys[key] = keys[key] + 1 if key in keys else 1
-                batch = _OpenBatch(self._select(route, None))
+                batch = _OpenBatch(self._new_batch_queue(route, None))
                 new = None
             else:
                 new = True
                 idle = key not in self._in_flight and not self._on_lane(key)
-                batch = open_[key] = _OpenBatch(self._select(route, None) if queue is None else queue,
-                                                self._sending.waited)
+                batch = open_[key] = _OpenBatch(queue, self._sending.waited)
+                if queue is None:
+                    batch.queue = self._new_batch_queue(route, batch)
             self._enqueued += 1
             index = batch.count
             batch.count = index + 1
@@ -609,6 +621,16 @@ class AsyncProducer:
         # key's next linger check (_linger_check), whichever comes first: no wake-up of the loop
         # thread from here (each one costs both threads a switch)
         return SendFuture(batch, index)
+
+    def _new_batch_queue(self, route: _Route, batch: _OpenBatch | None) -> Any:
+        """With _lock held: the queue of a batch without a routing key that opens now (batch None:
+        one message on the thread lane). With the default selector and one broker the queue this
+        producer sent the fewest messages of the topic to (client/queue_spread.py), else the
+        selector's choice."""
+        spread = route.spread
+        if spread is None:
+            return self._select(route, None)
+        return spread.queue_for_one() if batch is None else spread.queue_for_batch(batch)
 
     def _wait_for_room(self) -> None:
         """With _lock held: wait until fewer than max_in_flight messages are unanswered. The count

@@ -1,0 +1,107 @@
+"""A producer's batches without a routing key spread over their topic's queues by messages, not
+by batches (client/queue_spread.py): each new batch goes to the queue this producer sent the
+fewest messages to. Batches differ in size by a hundredfold under load, and round robin over
+batches left some of 1000 queues with 2 messages and others with 1431."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+
+from equeue_core.client import AdminClient, AsyncProducer, Message
+from equeue_core.client.queue_spread import QueueSpread
+
+
+@dataclass
+class Batch:
+    queue: int = -1
+    count: int = 0
+
+
+def run_batches(spread: QueueSpread, sizes: list[int]) -> dict[int, int]:
+    """Open a batch per size, each after the one before has closed (as a topic's one open batch
+    does); the messages each queue got."""
+    got: dict[int, int] = {q: 0 for q in spread.queues}
+    for n in sizes:
+        b = Batch()
+        b.queue = spread.queue_for_batch(b)
+        b.count = n  # messages join while it is open; final before the next one opens
+        got[b.queue] += n
+    return got
+
+
+def test_batches_of_one_size_go_round_robin():
+    spread = QueueSpread([0, 1, 2])
+    order = []
+    for _ in range(7):
+        b = Batch(count=10)
+        b.queue = spread.queue_for_batch(b)
+        order.append(b.queue)
+    assert order == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_small_and_large_batches_in_turn_even_out_where_round_robin_does_not():
+    sizes = [1, 40] * 50
+    got = run_batches(QueueSpread([0, 1]), sizes)
+    assert sum(got.values()) == sum(sizes)
+    assert abs(got[0] - got[1]) <= 40, got
+    # round robin over batches: every small one to queue 0, every large one to queue 1
+    rr = {0: sum(sizes[0::2]), 1: sum(sizes[1::2])}
+    assert rr == {0: 50, 1: 2000}
+
+
+def test_queues_stay_within_one_batch_of_each_other_whatever_the_sizes():
+    rng = random.Random(15)
+    for queues in (2, 7, 100, 1000):
+        largest = 500
+        sizes = [rng.choice((1, 2, 5, rng.randint(1, largest))) for _ in range(queues * 3)]
+        got = run_batches(QueueSpread(list(range(queues))), sizes)
+        assert max(got.values()) - min(got.values()) <= largest, (queues, min(got.values()), max(got.values()))
+        assert min(got.values()) > 0  # every queue got a batch: one with none always goes first
+
+
+def test_one_queue_takes_every_batch():
+    got = run_batches(QueueSpread([5]), [3, 1, 4])
+    assert got == {5: 8}
+
+
+def test_a_lone_message_is_counted_at_once():
+    spread = QueueSpread([0, 1])
+    assert [spread.queue_for_one() for _ in range(4)] == [0, 1, 0, 1]
+    assert spread.sent() == {0: 2, 1: 2}
+
+
+def test_a_real_producer_evens_out_batches_of_different_sizes(file_broker):
+    """Against a broker: groups of 1 and of 40 messages, each group one batch (sent together in
+    one turn of the loop, then answered before the next). Round robin put every group of 1 in
+    one queue and every group of 40 in the other (20 against 800 messages)."""
+    with AdminClient(file_broker.address) as admin:
+        admin.create_topic("spread", 2)
+
+    async def go() -> dict[int, int]:
+        got = {0: 0, 1: 0}
+        async with AsyncProducer(file_broker.address) as p:
+            await p.send(Message("spread", b"warm-up"))
+            for n in [1, 40] * 20:
+                results = await asyncio.gather(*(p.send(Message("spread", b"x" * 50)) for _ in range(n)))
+                assert len({r.queue_id for r in results}) == 1  # one batch: one queue
+                got[results[0].queue_id] += n
+        return got
+
+    got = asyncio.run(go())
+    assert sum(got.values()) == 820
+    assert abs(got[0] - got[1]) <= 41, got
+
+
+def test_a_route_refresh_keeps_the_spread_and_another_selector_gets_none(file_broker):
+    async def go() -> None:
+        async with AsyncProducer(file_broker.address) as p:
+            first = await p.route("kept")
+            assert first.spread is not None
+            again = await p.route("kept", refresh=True)
+            assert again is not first and again.spread is first.spread
+        async with AsyncProducer(file_broker.address, selector="random") as p:
+            assert (await p.route("kept")).spread is None  # the selector chooses each batch's queue
+
+    asyncio.run(go())
