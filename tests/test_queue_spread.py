@@ -9,7 +9,7 @@ import asyncio
 import random
 from dataclasses import dataclass
 
-from equeue_core.client import AdminClient, AsyncProducer, Message
+from equeue_core.client import AdminClient, AsyncAdminClient, AsyncProducer, Message
 from equeue_core.client.queue_spread import QueueSpread
 
 
@@ -94,13 +94,29 @@ def test_a_real_producer_evens_out_batches_of_different_sizes(file_broker):
     assert abs(got[0] - got[1]) <= 41, got
 
 
-def test_a_route_refresh_keeps_the_spread_and_another_selector_gets_none(file_broker):
+def test_a_route_refresh_keeps_the_spread_until_the_topic_has_more_queues(file_broker):
+    """Another selector gets no spread: it chooses each batch's queue itself."""
+    with AdminClient(file_broker.address) as admin:
+        admin.create_topic("kept", 2)
+
     async def go() -> None:
         async with AsyncProducer(file_broker.address) as p:
             first = await p.route("kept")
             assert first.spread is not None
             again = await p.route("kept", refresh=True)
             assert again is not first and again.spread is first.spread
+            for _ in range(3):
+                await p.send(Message("kept", b"x"))
+            assert sum(first.spread.sent().values()) == 2  # the last batch counts at the next
+            admin = await AsyncAdminClient(file_broker.address).start()
+            try:
+                await admin.create_topic("kept", 4)
+            finally:
+                await admin.close()
+            grown = await p.route("kept", refresh=True)
+            assert grown.spread is not first.spread and grown.spread.sent() == {0: 0, 1: 0, 2: 0, 3: 0}
+            queues = [(await p.send(Message("kept", b"y"))).queue_id for _ in range(4)]
+            assert sorted(queues) == [0, 1, 2, 3]
         async with AsyncProducer(file_broker.address, selector="random") as p:
             assert (await p.route("kept")).spread is None  # the selector chooses each batch's queue
 
