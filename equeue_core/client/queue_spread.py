@@ -19,9 +19,8 @@ Guarantees: a queue is chosen only while no queue has fewer messages, so at any 
 queues are within one batch of each other (the largest batch's messages); a queue with none is
 chosen before any queue gets a second batch. The producer keeps a topic's spread in its route,
 over every refresh that finds the same queues; a route with other queues starts a new one, from
-zero. Not thread-safe: the producer calls it
-under its lock. Costs one heap pop and push per batch (per message on the thread lane, which
-only sparse senders use).
+zero. Not thread-safe: the producer calls it under its lock. Costs one heap pop and push per
+batch (per message on the thread lane, which only sparse senders use).
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ class QueueSpread:
         self._order = itertools.count()  # ties go to the queue that waited longest
         # (messages sent, order, queue id) of every queue but the open batch's
         self._heap: list[tuple[int, int, int]] = [(0, next(self._order), q) for q in queues]
-        self._last: Any = None  # the batch opened last: (its queue, the batch), counted in later
+        self._last: Any = None  # the batch opened last, counted in when the next one opens
 
     def queue_for_batch(self, batch: Any) -> int:
         """The queue for a batch that is opening now; the batch opened before it (any batch with
