@@ -42,8 +42,10 @@ work a send waits for that grows with the queue count.
 
 `--rounds N` runs the cases round after round and ends with one "queues_ratio" row per case:
 the median of each rate, and its ratio to the 4-queue case of the same round (median, lowest,
-highest), the push Consumer's also without its start (`consume_steady_vs_4_queues`). One round's
-ratio moves with the machine's minute; the medians of several do less.
+highest), the push Consumer's also without its start (`consume_steady_vs_4_queues`), and each
+process's CPU a message against the same round's 4 queues (`cpu_per_msg_vs_4_queues`, >1:
+costlier), which a slow minute of the machine moves far less than a rate. One round's ratio
+moves with the machine's minute; the medians of several do less.
 Each round starts one case further on (`round_cases`: round r runs the cases from the r-th on,
 then the first ones), so over a multiple of four rounds every case runs in every place of a round
 once, and the 4-queue case is not always the first. Its `position` says where a case ran. With
@@ -306,11 +308,33 @@ def ratio_rows(rows: list[dict]) -> list[dict]:
             ratios = sorted(row[key] / base[row["round"]][key] for row in mine
                             if row.get(key) and row["round"] in base and base[row["round"]].get(key))
             result[key] = round(statistics.median(rates), 1) if rates else None
-            result[key.replace("_msgs_per_s", "_vs_4_queues")] = {
-                "median": round(statistics.median(ratios), 3), "low": round(ratios[0], 3),
-                "high": round(ratios[-1], 3)} if ratios else None
+            result[key.replace("_msgs_per_s", "_vs_4_queues")] = _spread(ratios)
+        # what a message costs each process, against the same round's 4 queues (>1: costlier):
+        # CPU time counts what a rate hides when the machine is slow for a minute
+        costs = {}
+        for role in COST_ROLES:
+            ratios = sorted(row["cpu_us_per_msg"][role] / base[row["round"]]["cpu_us_per_msg"][role]
+                            for row in mine if row["round"] in base and _cost(row, role)
+                            and _cost(base[row["round"]], role))
+            costs[role] = _spread(ratios)
+        result["cpu_per_msg_vs_4_queues"] = costs
         out.append(result)
     return out
+
+
+COST_ROLES = ("producer", "broker_produce", "consumer", "broker_consume", "consumer_lite", "broker_consume_lite")
+
+
+def _cost(row: dict, role: str) -> bool:
+    """Whether a row has a CPU time a message for `role` to divide by (a row of a run that
+    measured none, or a process too short for the clock's 10 ms ticks, has none)."""
+    return bool(row.get("cpu_us_per_msg", {}).get(role))
+
+
+def _spread(ratios: list[float]) -> dict | None:
+    """Median, lowest and highest of sorted ratios; None for none."""
+    return {"median": round(statistics.median(ratios), 3), "low": round(ratios[0], 3),
+            "high": round(ratios[-1], 3)} if ratios else None
 
 
 PACED_TOPICS = 100

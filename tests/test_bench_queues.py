@@ -73,9 +73,33 @@ def test_ratio_rows_take_each_round_against_its_own_4_queue_case():
     # so only rounds 0 and 2 compare
     assert by_case["1000"]["consume_steady_vs_4_queues"] == {"median": 0.7, "low": 0.5, "high": 0.9}
     assert by_case["1000"]["consume_steady_msgs_per_s"] == 99.0
+    # without CPU times in the rows, no cost ratios
+    assert by_case["1000"]["cpu_per_msg_vs_4_queues"]["consumer"] is None
     no_steady = ratio_rows([row("4", 4, 0, 100.0), row("1000", 1000, 0, 80.0)])
     assert no_steady[1]["consume_steady_vs_4_queues"] is None and no_steady[1]["consume_steady_msgs_per_s"] is None
     assert ratio_rows([row("1000", 1000, 0, 80.0)]) == []  # no 4-queue case: nothing to compare with
+
+
+def test_ratio_rows_compare_each_process_cpu_a_message_with_its_rounds_4_queues():
+    """The cost of a message, not only the rate: each role's CPU a message over the same round's
+    4-queue case (>1: the case costs more), median, lowest and highest over the rounds."""
+    from bench.bench_queues import COST_ROLES, ratio_rows
+
+    def row(case: str, queues: int, r: int, consumer: float, broker: float) -> dict:
+        cpu = dict.fromkeys(COST_ROLES, 1.0) | {"consumer": consumer, "broker_consume": broker}
+        return {"case": case, "topics": 1, "queues": queues, "round": r, "produce_msgs_per_s": 1.0,
+                "consume_msgs_per_s": 1.0, "consume_steady_msgs_per_s": None, "consume_lite_msgs_per_s": 1.0,
+                "cpu_us_per_msg": cpu}
+
+    rows = [row("4", 4, 0, 1.0, 0.3), row("1000", 1000, 0, 1.2, 0.6), row("4", 4, 1, 0.8, 0.2),
+            row("1000", 1000, 1, 1.2, 0.3), row("1000", 1000, 2, 9.0, 9.0)]  # round 2: no 4-queue case
+    costs = {r["case"]: r["cpu_per_msg_vs_4_queues"] for r in ratio_rows(rows)}
+    assert costs["4"]["consumer"] == {"median": 1.0, "low": 1.0, "high": 1.0}
+    assert costs["1000"]["consumer"] == {"median": 1.35, "low": 1.2, "high": 1.5}
+    assert costs["1000"]["broker_consume"] == {"median": 1.75, "low": 1.5, "high": 2.0}
+    assert costs["1000"]["producer"] == {"median": 1.0, "low": 1.0, "high": 1.0}
+    zero = row("1000", 1000, 0, 0.0, 0.6)  # a process too short for the clock's ticks
+    assert ratio_rows([row("4", 4, 0, 1.0, 0.3), zero])[1]["cpu_per_msg_vs_4_queues"]["consumer"] is None
 
 
 def test_each_round_starts_one_case_further_on():
