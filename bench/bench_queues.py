@@ -44,8 +44,9 @@ work a send waits for that grows with the queue count.
 the median of each rate, and its ratio to the 4-queue case of the same round (median, lowest,
 highest), the push Consumer's also without its start (`consume_steady_vs_4_queues`), and each
 process's CPU a message against the same round's 4 queues (`cpu_per_msg_vs_4_queues`, >1:
-costlier), which a slow minute of the machine moves far less than a rate. One round's ratio
-moves with the machine's minute; the medians of several do less.
+costlier): the work a message took, where a rate also counts the CPU the machine gave that
+minute (the CPU a message moves too, with the kernel's copies). One round's ratio moves with
+the machine's minute; the medians of several do less.
 Each round starts one case further on (`round_cases`: round r runs the cases from the r-th on,
 then the first ones), so over a multiple of four rounds every case runs in every place of a round
 once, and the 4-queue case is not always the first. Its `position` says where a case ran. With
@@ -309,8 +310,7 @@ def ratio_rows(rows: list[dict]) -> list[dict]:
                             if row.get(key) and row["round"] in base and base[row["round"]].get(key))
             result[key] = round(statistics.median(rates), 1) if rates else None
             result[key.replace("_msgs_per_s", "_vs_4_queues")] = _spread(ratios)
-        # what a message costs each process, against the same round's 4 queues (>1: costlier):
-        # CPU time counts what a rate hides when the machine is slow for a minute
+        # what a message costs each process, against the same round's 4 queues (>1: costlier)
         costs = {}
         for role in COST_ROLES:
             ratios = sorted(row["cpu_us_per_msg"][role] / base[row["round"]]["cpu_us_per_msg"][role]
