@@ -69,10 +69,12 @@ def test_one_queue_takes_every_batch():
     assert got == {5: 8}
 
 
-def test_a_lone_message_is_counted_at_once():
+def test_messages_sent_outside_the_batches_are_counted_at_once():
     spread = QueueSpread([0, 1])
-    assert [spread.queue_for_one() for _ in range(4)] == [0, 1, 0, 1]
+    assert [spread.queue_for() for _ in range(4)] == [0, 1, 0, 1]
     assert spread.sent() == {0: 2, 1: 2}
+    assert spread.queue_for(10) == 0 and spread.queue_for() == 1 and spread.queue_for() == 1
+    assert spread.sent() == {0: 12, 1: 4}
 
 
 def test_a_real_producer_evens_out_batches_of_different_sizes(file_broker):
@@ -124,3 +126,30 @@ def test_a_route_refresh_keeps_the_spread_until_the_topic_has_more_queues(file_b
             assert (await p.route("kept")).spread is None  # the selector chooses each batch's queue
 
     asyncio.run(go())
+
+
+def test_send_batch_calls_of_different_sizes_even_out(file_broker):
+    """send_batch, direct (blocking Producer) and through the loop (AsyncProducer), counts its
+    messages into the same spread: calls of 1 and 40 messages in turn over 2 queues end within
+    one call of each other (the selector alone put every call of 1 in one queue and every call
+    of 40 in the other)."""
+    from equeue_core.client import Producer
+
+    with AdminClient(file_broker.address) as admin:
+        admin.create_topic("batches", 2)
+    got = {0: 0, 1: 0}
+    with Producer(file_broker.address) as p:
+        for n in [1, 40] * 10:
+            results = p.send_batch([Message("batches", b"x" * 50) for _ in range(n)])
+            got[results[0].queue_id] += n
+    assert abs(got[0] - got[1]) <= 40, got
+
+    async def go() -> None:
+        async with AsyncProducer(file_broker.address) as p:
+            for n in [1, 40] * 10:
+                results = await p.send_batch([Message("batches", b"y" * 50) for _ in range(n)])
+                got[results[0].queue_id] += n
+
+    got = {0: 0, 1: 0}
+    asyncio.run(go())
+    assert abs(got[0] - got[1]) <= 40, got

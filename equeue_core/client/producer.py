@@ -630,7 +630,19 @@ class AsyncProducer:
         spread = route.spread
         if spread is None:
             return self._select(route, None)
-        return spread.queue_for_one() if batch is None else spread.queue_for_batch(batch)
+        return spread.queue_for() if batch is None else spread.queue_for_batch(batch)
+
+    def _queue_for_sending(self, route: _Route, routing_key: str | None, count: int) -> Any:
+        """The queue of `count` messages sent at once outside the open batches (`send_batch`, a
+        direct `send`): a routing key's hash; else with a spread (the default selector, one
+        broker) the queue this producer sent the fewest messages of the topic to, counted now
+        (under _lock, which the callers' threads share with the loop thread), else the
+        selector's choice."""
+        spread = route.spread
+        if routing_key is not None or spread is None:
+            return self._select(route, routing_key)
+        with self._lock:
+            return spread.queue_for(count)
 
     def _wait_for_room(self) -> None:
         """With _lock held: wait until fewer than max_in_flight messages are unanswered. The count
@@ -1124,17 +1136,18 @@ class AsyncProducer:
         for i, m in enumerate(messages):
             by_topic.setdefault(m.topic, []).append(i)
         pinned = routing_key is not None
+        chosen: dict[str, Any] = {}  # a topic's queue, chosen (and counted) once per call
         if len(by_topic) == 1:  # the usual call: one topic, and (under MAX_FRAME_BODY) one frame
             topic = messages[0].topic
             route = await self.route(topic)
-            queue = self._select(route, routing_key)
+            queue = chosen[topic] = self._queue_for_sending(route, routing_key, len(messages))
             parts: list[bytes] = []
             if append_records(parts, messages, queue if isinstance(queue, int) else queue.queue_id) <= MAX_FRAME_BODY:
                 return (await self._send_frame(topic, queue, b"".join(parts), {}, pinned)).results()
         results: list[SendResult | None] = [None] * len(messages)
         for topic, idxs in by_topic.items():
             route = await self.route(topic)
-            queue = self._select(route, routing_key)
+            queue = chosen[topic] if topic in chosen else self._queue_for_sending(route, routing_key, len(idxs))
             queue_id = queue if isinstance(queue, int) else queue.queue_id
             chunk: list[bytes] = []
             chunk_idx: list[int] = []
@@ -1458,7 +1471,7 @@ class Producer:
         for m in messages:
             if m.topic != topic or m.delay_level is not None or m.deliver_at is not None:
                 return None
-        queue_id = self._direct_queue(topic, routing_key)
+        queue_id = self._direct_queue(topic, routing_key, len(messages))
         parts: list[bytes] = []
         if append_records(parts, messages, queue_id) > MAX_FRAME_BODY:
             return None
@@ -1467,15 +1480,20 @@ class Producer:
             return None
         return _BatchAnswer(topic, queue_id, h["id_prefix"], h["first_offset"], h["positions"]).results()
 
-    def _direct_queue(self, topic: str, routing_key: str | None) -> int:
-        """The queue id a direct send goes to (one broker: the selectors of AsyncProducer._select)."""
+    def _direct_queue(self, topic: str, routing_key: str | None, count: int | None = None) -> int:
+        """The queue id a direct send goes to (one broker). A `send` (count None): the selector's
+        message by message, as the loop path's, which round robin keeps even by itself and which
+        costs the one-by-one hot path no lock. A `send_batch` of `count` messages: as the loop
+        path's `send_batch` chooses (AsyncProducer._queue_for_sending); if the direct connection
+        then turns out busy, the loop path chooses and counts the batch again (rare, and it
+        only skews the spread by that batch)."""
         a = self._async
         route = a._routes.get(topic)
         if route is None or time.monotonic() - route.fetched > a.route_ttl:
             route = self._route(topic)
-        if routing_key is None:
-            return a._default_selector.select(route.queues, None)
-        return a._hash_selector.select(route.queues, routing_key)
+        if count is None:
+            return a._select(route, routing_key)
+        return a._queue_for_sending(route, routing_key, count)
 
     def _request_direct(self, direct: DirectConnection, topic: str, queue_id: int, body: bytes,
                         timeout: float | None) -> dict[str, Any] | None:

@@ -19,8 +19,10 @@ Guarantees: a queue is chosen only while no queue has fewer messages, so at any 
 queues are within one batch of each other (the largest batch's messages); a queue with none is
 chosen before any queue gets a second batch. The producer keeps a topic's spread in its route,
 over every refresh that finds the same queues; a route with other queues starts a new one, from
-zero. Not thread-safe: the producer calls it under its lock. Costs one heap pop and push per
-batch (per message on the thread lane, which only sparse senders use).
+zero. Messages sent outside the open batches (`send`, `send_batch`, the thread lane) take the
+same choice and are counted at once, so a topic's queues stay even over every way of sending.
+Not thread-safe: the producer calls it under its lock. Costs one heap pop and push per batch
+(per message on the thread lane and per `send`, a few hundred ns next to a round trip).
 """
 
 from __future__ import annotations
@@ -52,11 +54,12 @@ class QueueSpread:
         self._last = batch
         return queue
 
-    def queue_for_one(self) -> int:
-        """The queue for a message sent on its own (the thread lane), counted at once."""
+    def queue_for(self, count: int = 1) -> int:
+        """The queue for `count` messages sent at once outside the open batches (a message on
+        the thread lane, a `send`, a `send_batch`), counted at once."""
         self._count_last()
         _, _, queue = heapq.heappop(self._heap)
-        self._put_back(queue, 1)
+        self._put_back(queue, count)
         return queue
 
     def _count_last(self) -> None:
