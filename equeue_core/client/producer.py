@@ -633,11 +633,10 @@ class AsyncProducer:
         return spread.queue_for() if batch is None else spread.queue_for_batch(batch)
 
     def _queue_for_sending(self, route: _Route, routing_key: str | None, count: int) -> Any:
-        """The queue of `count` messages sent at once outside the open batches (`send_batch`, a
-        direct `send`): a routing key's hash; else with a spread (the default selector, one
-        broker) the queue this producer sent the fewest messages of the topic to, counted now
-        (under _lock, which the callers' threads share with the loop thread), else the
-        selector's choice."""
+        """The queue of a `send_batch` call's `count` messages of one topic (direct or through the
+        loop): a routing key's hash; else with a spread (the default selector, one broker) the
+        queue this producer sent the fewest messages of the topic to, counted now (under _lock,
+        which the callers' threads share with the loop thread), else the selector's choice."""
         spread = route.spread
         if routing_key is not None or spread is None:
             return self._select(route, routing_key)
